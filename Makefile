@@ -1,0 +1,42 @@
+# make run  : venv, install, migrate, then daphne on $(HOST):$(PORT) in the foreground.
+# make test : the same set-up, then the whole suite (python manage.py test -> pytest).
+# make bench: the benchmarks in bench/, which write bench/RESULTS.md.
+
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export HOST PORT
+
+.PHONY: run test bench install install-dev migrate clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: $(PY) requirements.txt constraints.txt
+	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+run: migrate
+	exec $(PY) manage.py serve --host $(HOST) --port $(PORT)
+
+test: install-dev migrate
+	$(PY) manage.py test
+
+bench: install-dev migrate
+	$(PY) bench/ttfa.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,86 @@
+"""Audio helpers: trimming an engine's padding, loudness, and the pcm/wav encodings of the contract.
+
+Engines hand over float32 mono arrays in [-1, 1]; everything here works on those.
+"""
+
+import io
+import wave
+
+import numpy as np
+
+GATE_FRAME_S = 0.010  # energy gate resolution
+GATE_RELATIVE = 0.05  # a frame is "sound" when its peak exceeds 5 % of the chunk's peak (-26 dB)
+PRE_ROLL_S = 0.020  # kept before the first sound so its attack is not cut
+TAIL_KEEP_S = 0.250  # kept after the last sound: a natural pause between sentences
+FADE_S = 0.004  # ramps at the cut points so a cut never clicks
+TARGET_RMS = 0.10  # -20 dBFS over the sounding part
+PEAK_CEILING = 0.89  # -1 dBFS
+
+
+def _sound_bounds(samples, rate):
+    """Index of the first and one past the last gate frame that holds sound, or None for silence."""
+    peak = float(np.max(np.abs(samples))) if samples.size else 0.0
+    if peak < 1e-4:
+        return None
+    frame = max(1, int(rate * GATE_FRAME_S))
+    usable = samples[: samples.size - samples.size % frame] if samples.size >= frame else samples
+    frames = np.abs(usable).reshape(-1, frame).max(axis=1) if usable.size >= frame else np.abs(usable)[None]
+    loud = np.flatnonzero(frames > peak * GATE_RELATIVE)
+    if loud.size == 0:
+        return None
+    return int(loud[0]) * frame, min(samples.size, (int(loud[-1]) + 1) * frame)
+
+
+def trim_silence(samples, rate):
+    """Cut leading near-silence to PRE_ROLL_S and trailing near-silence to TAIL_KEEP_S, with short fades."""
+    bounds = _sound_bounds(samples, rate)
+    if bounds is None:
+        return samples[:0]
+    start = max(0, bounds[0] - int(rate * PRE_ROLL_S))
+    end = min(samples.size, bounds[1] + int(rate * TAIL_KEEP_S))
+    out = np.array(samples[start:end], dtype=np.float32)
+    fade = min(out.size // 2, int(rate * FADE_S))
+    if fade:
+        ramp = np.linspace(0.0, 1.0, fade, dtype=np.float32)
+        if start > 0:
+            out[:fade] *= ramp
+        if end < samples.size:
+            out[-fade:] *= ramp[::-1]
+    return out
+
+
+def normalise(samples):
+    """Scale to TARGET_RMS (measured where there is sound), never past PEAK_CEILING."""
+    if samples.size == 0:
+        return samples
+    peak = float(np.max(np.abs(samples)))
+    if peak < 1e-4:
+        return samples
+    sounding = samples[np.abs(samples) > peak * GATE_RELATIVE]
+    rms = float(np.sqrt(np.mean(np.square(sounding, dtype=np.float64))))
+    gain = min(TARGET_RMS / rms, PEAK_CEILING / peak)
+    return (samples * np.float32(gain)).astype(np.float32, copy=False)
+
+
+def pcm16(samples):
+    """Signed 16-bit little-endian bytes."""
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def wav(samples, rate):
+    """A complete RIFF/WAVE file with 16-bit mono PCM."""
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm16(samples))
+    return buf.getvalue()
+
+
+ENCODERS = {"pcm": lambda samples, rate: pcm16(samples), "wav": wav}
+STREAMABLE = frozenset({"pcm"})
+
+
+def encode(fmt, samples, rate):
+    return ENCODERS[fmt](samples, rate)

@@ -1,0 +1,37 @@
+"""The speech app's settings, read from django.conf.settings with their defaults.
+
+Modelled on django-cors-headers' conf.py: one place that names every setting, so the code
+asks `conf.MAX_PENDING_CHARS` and tests can override a setting with `override_settings`.
+"""
+
+import os
+
+from django.conf import settings
+
+DEFAULTS = {
+    "SPEECH_ENGINE": "hibari",
+    "SPEECH_ENGINE_WORKERS": os.cpu_count() or 1,
+    "SPEECH_ENGINE_QUEUE_SIZE": 32,
+    "SPEECH_CONFIG_TIMEOUT_S": 10.0,
+    "SPEECH_IDLE_TIMEOUT_S": 30.0,
+    "SPEECH_MAX_CONFIG_BYTES": 16 * 1024 * 1024,
+    "SPEECH_MAX_MESSAGE_BYTES": 131072,
+    "SPEECH_MAX_PENDING_CHARS": 262144,
+    "SPEECH_MAX_SEGMENT_CHARS": 4096,
+    "SPEECH_MAX_LEAD_S": 20.0,
+    "SPEECH_ALLOWED_ORIGINS": [],
+    "SPEECH_WARM_UP": True,
+}
+
+
+class Settings:
+    """Attribute access to the SPEECH_* settings: `conf.ENGINE` reads SPEECH_ENGINE."""
+
+    def __getattr__(self, name):
+        key = f"SPEECH_{name}"
+        if key not in DEFAULTS:
+            raise AttributeError(name)
+        return getattr(settings, key, DEFAULTS[key])
+
+
+conf = Settings()

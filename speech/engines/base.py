@@ -1,0 +1,66 @@
+"""The engine interface: one segment in, an async stream of audio chunks out, cancellable.
+
+Shaped like httpx's transport base class: a small abstract class the session calls, and a test
+double (`speech.engines.fake.FakeEngine`) beside the real ones.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine offers; the handshake validates a session's config against it."""
+
+    name: str
+    voices: tuple[str, ...]
+    default_voice: str
+    sample_rate: int
+    speed_range: tuple[float, float] = (1.0, 1.0)
+    reference_audio: bool = False
+    instructions: bool = False
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    text: str
+    voice: str
+    speed: float = 1.0
+    options: Mapping[str, Any] = field(default_factory=dict)  # model, language, seed, temperature, …
+
+
+class EngineError(SpeechError):
+    """A failure of one segment; the session reports it and goes on with the next segment."""
+
+    def __init__(self, message, *, error_type=SERVER_ERROR, param=None, code=None):
+        super().__init__(message, error_type=error_type, param=param, code=code)
+
+
+class EngineBusy(EngineError):
+    def __init__(self):
+        super().__init__(QUEUE_FULL_MESSAGE)
+
+
+class Engine(abc.ABC):
+    capabilities: Capabilities
+
+    @abc.abstractmethod
+    def stream(self, request: SynthesisRequest) -> AsyncIterator[np.ndarray]:
+        """Yield float32 mono chunks at `capabilities.sample_rate`.
+
+        Cancelling the consuming task, or closing the iterator, must abort the engine's work for
+        this request (queued work is dropped; running work stops at its next step)."""
+
+    async def warm_up(self) -> None:
+        """Load lazily-loaded parts so the first client does not pay for them."""
+
+    async def aclose(self) -> None:
+        """Release threads and connections."""

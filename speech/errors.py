@@ -1,0 +1,52 @@
+"""Errors of the speech protocol: the exact `error` events and close codes of the contract (§1, §4, §5)."""
+
+# Close codes (contract §1): 4000 + the RFC 6455 code they stand for.
+CLOSE_NORMAL = 1000
+CLOSE_TERMINATED = 4001
+CLOSE_POLICY = 4008
+CLOSE_TOO_BIG = 4009
+CLOSE_INTERNAL = 4011
+CLOSE_CAPACITY = 4013
+
+BAD_REQUEST = "BadRequestError"
+SERVER_ERROR = "server_error"
+RATE_LIMIT = "rate_limit_error"
+
+QUEUE_FULL_MESSAGE = "The request queue is full."
+
+
+class SpeechError(Exception):
+    """One `error` event. `close_code` set means fatal: the session closes with it after the event."""
+
+    def __init__(self, message, *, error_type=BAD_REQUEST, param=None, code=400, close_code=None):
+        super().__init__(message)
+        self.message = message
+        self.error_type = error_type
+        self.param = param
+        self.code = code
+        self.close_code = close_code
+
+    @property
+    def fatal(self):
+        return self.close_code is not None
+
+    def event(self, **extra):
+        body = {"type": "error", "message": self.message, "error_type": self.error_type}
+        if self.param is not None:
+            body["param"] = self.param
+        if self.code is not None:
+            body["code"] = self.code
+        body.update(extra)
+        return body
+
+
+def bad_request(message, param=None, *, close_code=None):
+    return SpeechError(message, param=param, close_code=close_code)
+
+
+def fatal(message, param=None, *, close_code=CLOSE_POLICY):
+    return SpeechError(message, param=param, close_code=close_code)
+
+
+def server_error(message):
+    return SpeechError(message, error_type=SERVER_ERROR, code=None)

@@ -1,0 +1,41 @@
+"""`manage.py serve`: start daphne with this project's WebSocket limits (what `make run` does).
+
+daphne's own frame limit defaults to 1 MiB, below the contract's 16 MiB session.config. It is set
+here from the settings: the largest allowed frame plus 1 MiB, so that a frame somewhat over a
+limit still reaches the application and gets the contract's error (4009) rather than a bare close.
+The process becomes daphne (exec), so SIGTERM stops it directly.
+"""
+
+import os
+import sys
+
+from django.core.management.base import BaseCommand
+
+from speech.conf import conf
+
+FRAME_SLACK_BYTES = 1 << 20
+
+
+def daphne_argv(host, port):
+    limit = max(conf.MAX_CONFIG_BYTES, conf.MAX_MESSAGE_BYTES) + FRAME_SLACK_BYTES
+    return [
+        sys.executable, "-m", "daphne",
+        "-b", host, "-p", str(port),
+        "--websocket-max-message-size", str(limit),
+        "--websocket-max-frame-size", str(limit),
+        "ttsproject.asgi:application",
+    ]
+
+
+class Command(BaseCommand):
+    help = "Run daphne on HOST:PORT with the speech WebSocket limits."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+
+    def handle(self, *args, host, port, **options):
+        argv = daphne_argv(host, port)
+        self.stdout.write(f"serving on ws://{host}:{port}/v1/audio/speech/stream (engine {conf.ENGINE})")
+        self.stdout.flush()
+        os.execv(argv[0], argv)

@@ -1,0 +1,227 @@
+"""Synthesis and ordered delivery of a session's segments, in plain asyncio (no Channels).
+
+Segments wait in a queue. Synthesis runs for the segment being delivered and for the next
+`LOOKAHEAD` ones at most (bounded look-ahead), each in its own producer task that feeds the
+segment's chunk queue. One delivery task sends segment k completely (audio.start, binary frames,
+audio.done) before anything of segment k+1. Sentence indexes are given when a segment is
+announced, so dropped segments never use one up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+
+import numpy as np
+
+from . import audio
+from .engines import SynthesisRequest
+from .errors import SpeechError, bad_request, server_error
+
+logger = logging.getLogger(__name__)
+
+LOOKAHEAD = 1
+FRAME_S = 0.04  # streamed audio goes out in frames of 40 ms
+_END = object()
+
+
+class Job:
+    __slots__ = ("text", "chunks", "producer", "index", "announced", "bytes_sent", "done_sent")
+
+    def __init__(self, text):
+        self.text = text
+        self.chunks = asyncio.Queue()
+        self.producer = None
+        self.index = None
+        self.announced = False
+        self.bytes_sent = 0
+        self.done_sent = False
+
+
+class LeadLimiter:
+    """Keeps delivery at most `lead_s` seconds of audio ahead of real time.
+
+    daphne buffers without limit for a client that does not read; this bounds what a session can
+    pile up to `lead_s` of audio plus real time, until daphne's ping timeout drops a dead client."""
+
+    def __init__(self, lead_s):
+        self.lead_s = lead_s
+        self.credit = lead_s
+        self.stamp = time.monotonic()
+
+    async def spend(self, seconds):
+        if self.lead_s <= 0:
+            return
+        now = time.monotonic()
+        self.credit = min(self.lead_s, self.credit + now - self.stamp)
+        self.stamp = now
+        if self.credit < 0:
+            await asyncio.sleep(-self.credit)
+            self.credit, self.stamp = 0.0, time.monotonic()
+        self.credit -= seconds
+
+
+class Pipeline:
+    def __init__(self, *, engine, config, transport, session_id, max_segment_chars, lead_s, on_idle, on_crash):
+        self.engine = engine
+        self.config = config
+        self.transport = transport
+        self.session_id = session_id
+        self.max_segment_chars = max_segment_chars
+        self.on_idle = on_idle  # called when the last segment has been delivered
+        self.on_crash = on_crash  # called when delivery itself failed (a bug, not an engine error)
+        self.limiter = LeadLimiter(lead_s)
+        self.rate = config.sample_rate
+        self.frame_samples = max(1, int(self.rate * FRAME_S))
+        self.jobs: deque[Job] = deque()
+        self.announced = 0  # sentence indexes given so far
+        self.queued_chars = 0  # text of segments whose synthesis has not started
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._delivery = None
+
+    @property
+    def total_sentences(self):
+        """Segments accepted and not dropped: announced ones plus those still waiting."""
+        return self.announced + sum(1 for job in self.jobs if not job.announced)
+
+    def enqueue(self, text):
+        job = Job(text)
+        self.jobs.append(job)
+        self.queued_chars += len(text)
+        self.idle.clear()
+        self._start_producers()
+        if self._delivery is None:
+            self._delivery = asyncio.create_task(self._deliver_all(), name=f"{self.session_id}-delivery")
+
+    def _start_producers(self):
+        for position, job in enumerate(self.jobs):
+            if position > LOOKAHEAD:
+                break
+            if job.producer is None:
+                self.queued_chars -= len(job.text)
+                job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
+
+    async def _produce(self, job):
+        try:
+            if len(job.text) > self.max_segment_chars:
+                raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
+            request = SynthesisRequest(job.text, self.config.voice, self.config.speed, self.config.options)
+            async with contextlib.aclosing(self.engine.stream(request)) as chunks:
+                async for chunk in chunks:
+                    job.chunks.put_nowait(chunk)
+        except SpeechError as exc:
+            job.chunks.put_nowait(exc)
+        except Exception:
+            logger.exception("synthesis failed for a segment of %s", self.session_id)
+            job.chunks.put_nowait(server_error("speech synthesis failed"))
+        finally:
+            job.chunks.put_nowait(_END)
+
+    async def _deliver_all(self):
+        try:
+            while self.jobs:
+                await self._deliver(self.jobs[0])
+                self.jobs.popleft()
+                self._start_producers()
+        except Exception:
+            logger.exception("delivery failed in %s", self.session_id)
+            self._delivery = None
+            self.on_crash()
+            return
+        # Reset here, not in a done-callback: a segment enqueued before such a callback ran would
+        # find a finished task in _delivery and never be delivered.
+        self._delivery = None
+        self.idle.set()
+        self.on_idle()
+
+    def _announce(self, job):
+        job.index = self.announced
+        self.announced += 1
+        job.announced = True
+
+    def _id(self, job):
+        return f"{self.session_id}-{job.index}"
+
+    async def _start(self, job):
+        self._announce(job)
+        await self.transport.send_json({
+            "type": "audio.start", "id": self._id(job), "sentence_index": job.index,
+            "sentence_text": job.text, "format": self.config.response_format, "sample_rate": self.rate,
+        })
+
+    async def _send_audio(self, job, data, seconds):
+        await self.limiter.spend(seconds)
+        await self.transport.send_bytes(data)
+        job.bytes_sent += len(data)
+
+    async def _deliver(self, job):
+        streaming = self.config.stream_audio
+        collected = []
+        failure = None
+        while (item := await job.chunks.get()) is not _END:
+            if isinstance(item, SpeechError):
+                failure = item
+                continue
+            if not streaming:
+                collected.append(item)
+                continue
+            if not job.announced:
+                await self._start(job)
+            for at in range(0, item.size, self.frame_samples):
+                frame = item[at: at + self.frame_samples]
+                await self._send_audio(job, audio.pcm16(frame), frame.size / self.rate)
+        if failure is None and collected:
+            samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
+            data = audio.encode(self.config.response_format, samples, self.rate)
+            await self._start(job)
+            await self._send_audio(job, data, samples.size / self.rate)
+        if failure is not None or not job.announced:
+            failure = failure or server_error("the engine produced no audio for this segment")
+            partial = job.announced
+            if not job.announced:
+                self._announce(job)
+            extra = {"id": self._id(job), "sentence_index": job.index}
+            if partial:
+                extra["partial_audio"] = True
+            await self.transport.send_json(failure.event(**extra))
+        await self._done(job, error=failure is not None, cancelled=False)
+
+    async def _done(self, job, *, error, cancelled):
+        job.done_sent = True
+        await self.transport.send_json({
+            "type": "audio.done", "id": self._id(job), "sentence_index": job.index,
+            "total_bytes": job.bytes_sent, "error": error, "cancelled": cancelled,
+        })
+
+    async def _stop(self):
+        """Stop delivery and every producer (engine work included) and forget all segments."""
+        tasks = [job.producer for job in self.jobs if job.producer is not None]
+        if self._delivery is not None:
+            tasks.append(self._delivery)
+            self._delivery = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        jobs = list(self.jobs)
+        self.jobs.clear()
+        self.queued_chars = 0
+        self.idle.set()
+        return jobs
+
+    async def cancel(self):
+        """Barge-in: stop the current segment within one frame, drop the rest. Returns how many
+        segments were stopped or dropped."""
+        jobs = [job for job in await self._stop() if not job.done_sent]
+        if jobs and jobs[0].announced:
+            await self._done(jobs[0], error=False, cancelled=True)
+        if jobs:
+            self.on_idle()
+        return len(jobs)
+
+    async def aclose(self):
+        """The client is gone: abort all work, send nothing."""
+        await self._stop()

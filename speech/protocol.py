@@ -1,0 +1,210 @@
+"""The wire contract's messages: limits, the session.config handshake, and event builders.
+
+Config checking follows contract §3: raw JSON types are checked first, for every field in the
+table's order, before any value is coerced or compared; the first failure wins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import audio
+from .conf import conf
+from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError, fatal
+
+FORMATS = ("aac", "alaw", "flac", "mp3", "mulaw", "opus", "pcm", "wav")
+RAW_FORMATS = ("pcm", "mulaw", "alaw")
+SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+GRANULARITIES = ("clause", "sentence")
+SPEED_MIN, SPEED_MAX = 0.25, 4.0
+
+# Field -> raw JSON type, in the order of the contract's table (§3).
+STRING, INTEGER, NUMBER, BOOLEAN = "a string", "an integer", "a number", "a boolean"
+FIELD_TYPES = {
+    "model": STRING,
+    "voice": STRING,
+    "speaker": STRING,
+    "response_format": STRING,
+    "sample_rate": INTEGER,
+    "speed": NUMBER,
+    "stream_audio": BOOLEAN,
+    "split_granularity": STRING,
+    "language": STRING,
+    "instructions": STRING,
+    "ref_audio": STRING,
+    "ref_text": STRING,
+    "temperature": NUMBER,
+    "top_p": NUMBER,
+    "top_k": INTEGER,
+    "repetition_penalty": NUMBER,
+    "max_new_tokens": INTEGER,
+    "seed": INTEGER,
+}
+FORWARDED = ("model", "language", "instructions", "ref_audio", "ref_text", "temperature", "top_p", "top_k",
+             "repetition_penalty", "max_new_tokens", "seed")
+
+
+def _has_type(value, kind):
+    if kind == STRING:
+        return isinstance(value, str)
+    if kind == BOOLEAN:
+        return isinstance(value, bool)
+    if isinstance(value, bool):  # booleans are not numbers
+        return False
+    if kind == INTEGER:
+        return isinstance(value, int)
+    return isinstance(value, (int, float))
+
+
+@dataclass(frozen=True)
+class Limits:
+    config_timeout_s: float
+    idle_timeout_s: float
+    max_config_bytes: int
+    max_message_bytes: int
+    max_pending_chars: int
+    max_segment_chars: int
+
+    @classmethod
+    def from_settings(cls):
+        return cls(
+            config_timeout_s=conf.CONFIG_TIMEOUT_S,
+            idle_timeout_s=conf.IDLE_TIMEOUT_S,
+            max_config_bytes=conf.MAX_CONFIG_BYTES,
+            max_message_bytes=conf.MAX_MESSAGE_BYTES,
+            max_pending_chars=conf.MAX_PENDING_CHARS,
+            max_segment_chars=conf.MAX_SEGMENT_CHARS,
+        )
+
+    def as_event(self):
+        return {
+            "config_timeout_s": self.config_timeout_s,
+            "idle_timeout_s": self.idle_timeout_s,
+            "max_config_bytes": self.max_config_bytes,
+            "max_message_bytes": self.max_message_bytes,
+            "max_pending_chars": self.max_pending_chars,
+            "max_segment_chars": self.max_segment_chars,
+        }
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    voice: str
+    response_format: str = "pcm"
+    sample_rate: int = 24000
+    speed: float = 1.0
+    stream_audio: bool = False
+    split_granularity: str = "sentence"
+    options: dict[str, Any] = field(default_factory=dict)  # forwarded to the engine
+
+
+def utf8_length_exceeds(text, limit):
+    """True when text's UTF-8 encoding is longer than limit, without encoding when length decides."""
+    if len(text) > limit:
+        return True
+    if len(text) * 4 <= limit:
+        return False
+    return len(text.encode("utf-8", "surrogatepass")) > limit
+
+
+def parse_message(raw, *, handshake=False):
+    """A client frame's JSON object; SpeechError (fatal during the handshake) otherwise."""
+    close = CLOSE_POLICY if handshake else None
+    try:
+        payload = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        raise SpeechError(f"speech WebSocket message is not valid JSON: {detail}", close_code=close) from None
+    if not isinstance(payload, dict):
+        raise SpeechError("speech WebSocket messages must be JSON objects", close_code=close)
+    return payload
+
+
+def size_error(kind, limit, *, handshake=False):
+    return SpeechError(f"{kind} WebSocket message exceeds {limit} bytes", close_code=CLOSE_TOO_BIG if handshake else None)
+
+
+def parse_config(payload, capabilities):
+    """session.config (nested or flat) -> SessionConfig for this engine; fatal SpeechError otherwise."""
+    raw = payload.get("session")
+    if raw is None:
+        raw = {key: value for key, value in payload.items() if key != "type"}
+    elif not isinstance(raw, dict):
+        raise fatal("session.config session must be an object", "session")
+    present = {key: raw[key] for key in FIELD_TYPES if raw.get(key) is not None}
+    for key, kind in FIELD_TYPES.items():
+        if key in present and not _has_type(present[key], kind):
+            raise fatal(f"{key} must be {kind}", key)
+
+    caps = capabilities
+    voice = _resolve_voice(present.get("voice", present.get("speaker")), caps)
+
+    fmt = present.get("response_format", "pcm").strip().lower()
+    if fmt not in FORMATS:
+        raise fatal(f"response_format must be one of: {', '.join(FORMATS)}", "response_format")
+    if fmt not in audio.ENCODERS:
+        raise fatal(f"response_format '{fmt}' is not available on this server yet; "
+                    f"available: {', '.join(sorted(audio.ENCODERS))}", "response_format")
+
+    rate = present.get("sample_rate", caps.sample_rate)
+    if rate not in SAMPLE_RATES:
+        raise fatal(f"sample_rate must be one of: {', '.join(map(str, SAMPLE_RATES))}", "sample_rate")
+    if rate != caps.sample_rate:
+        raise fatal(f"sample_rate {rate} is not available on this server yet; engine '{caps.name}' "
+                    f"sends {caps.sample_rate}", "sample_rate")
+
+    speed = float(present.get("speed", 1.0))
+    if not SPEED_MIN <= speed <= SPEED_MAX:
+        raise fatal("speed must be between 0.25 and 4.0", "speed")
+    low, high = caps.speed_range
+    if not low <= speed <= high:
+        raise fatal(f"speed {speed:g} is outside engine '{caps.name}''s range {low:g} to {high:g} "
+                    f"on this server", "speed")
+
+    stream_audio = present.get("stream_audio", False)
+    if stream_audio and fmt not in RAW_FORMATS:
+        raise fatal("stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", "response_format")
+
+    granularity = present.get("split_granularity", "sentence")
+    if granularity not in GRANULARITIES:
+        raise fatal(f"split_granularity must be one of: {', '.join(GRANULARITIES)}", "split_granularity")
+
+    if "ref_audio" in present and not caps.reference_audio:
+        raise fatal(f"ref_audio is not supported by engine '{caps.name}'", "ref_audio")
+    if "instructions" in present and not caps.instructions:
+        raise fatal(f"instructions is not supported by engine '{caps.name}'", "instructions")
+
+    return SessionConfig(
+        voice=voice,
+        response_format=fmt,
+        sample_rate=rate,
+        speed=speed,
+        stream_audio=stream_audio,
+        split_granularity=granularity,
+        options={key: present[key] for key in FORWARDED if key in present},
+    )
+
+
+def _resolve_voice(requested, caps):
+    if requested is None or requested.strip().lower() == "default":
+        return caps.default_voice
+    for name in caps.voices:
+        if name.lower() == requested.strip().lower():
+            return name
+    raise fatal(f"Unknown voice '{requested}'. Supported voices: {', '.join(caps.voices)}", "voice")
+
+
+def configured_event(session_id, config, capabilities, limits):
+    return {
+        "type": "session.configured",
+        "session_id": session_id,
+        "response_format": config.response_format,
+        "stream_audio": config.stream_audio,
+        "split_granularity": config.split_granularity,
+        "sample_rate": config.sample_rate,
+        "voice": config.voice,
+        "engine": capabilities.name,
+        "limits": limits.as_event(),
+    }

@@ -1,0 +1,260 @@
+"""One speech session's state machine, in plain asyncio: it knows nothing of Channels.
+
+A transport (the consumer, or a test's recorder) feeds it client frames with `receive_text` /
+`receive_bytes` and gives it three coroutines to talk back: `send_json`, `send_bytes`,
+`close(code)`. Handling a frame only parses, checks and enqueues; synthesis and delivery run in
+the pipeline's tasks, so frames are handled at once even while audio is being produced.
+
+States: AWAITING_CONFIG -> ACTIVE -> DRAINING (after input.done) -> CLOSED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import uuid
+from typing import Protocol
+
+from .conf import conf
+from .errors import (
+    CLOSE_INTERNAL,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    SERVER_ERROR,
+    SpeechError,
+    fatal,
+)
+from .pipeline import Pipeline
+from .protocol import configured_event, parse_config, parse_message, size_error, utf8_length_exceeds
+from .segmenter import Segmenter
+
+logger = logging.getLogger(__name__)
+
+CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # parse larger handshakes in a thread: the loop stays free
+
+
+class Transport(Protocol):
+    async def send_json(self, event: dict) -> None: ...
+    async def send_bytes(self, data: bytes) -> None: ...
+    async def close(self, code: int) -> None: ...
+
+
+class State(enum.Enum):
+    AWAITING_CONFIG = "awaiting_config"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+def new_session_id():
+    return f"speech_ws_{uuid.uuid4().hex}"
+
+
+class SpeechSession:
+    def __init__(self, transport, engine, limits, *, session_id=None, lead_s=None):
+        self.transport = transport
+        self.engine = engine
+        self.limits = limits
+        self.session_id = session_id or new_session_id()
+        self.lead_s = conf.MAX_LEAD_S if lead_s is None else lead_s
+        self.state = State.AWAITING_CONFIG
+        self.config = None
+        self.segmenter = None
+        self.pipeline = None
+        self.closed = asyncio.Event()  # set once the session has ended, by either side
+        self._timer = None
+        self._tasks = set()  # fatal-error and finishing tasks, awaited on close
+        self._commits = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self):
+        """Call once the socket is accepted: the session.config wait begins."""
+        self._arm(self.limits.config_timeout_s, fatal("session.config was not received before timeout"))
+
+    async def aclose(self):
+        """The client disconnected (or the server is done): abort all work, send nothing more."""
+        self.state = State.CLOSED
+        self.closed.set()
+        self._disarm()
+        current = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.pipeline is not None:
+            await self.pipeline.aclose()
+
+    # -- client frames -------------------------------------------------------------------------
+    async def receive_text(self, raw):
+        if self.state is State.CLOSED:
+            return
+        self._disarm()
+        try:
+            if self.state is State.AWAITING_CONFIG:
+                await self._configure(raw)
+            else:
+                await self._handle(raw)
+        except SpeechError as exc:
+            await self._report(exc)
+        self._arm_idle()
+
+    async def receive_bytes(self, data):
+        if self.state is State.CLOSED:
+            return
+        self._disarm()
+        handshake = self.state is State.AWAITING_CONFIG
+        limit = self.limits.max_config_bytes if handshake else self.limits.max_message_bytes
+        if len(data) > limit:
+            error = size_error("session" if handshake else "text", limit, handshake=handshake)
+        else:
+            error = SpeechError("speech WebSocket client messages must be text frames",
+                                close_code=CLOSE_POLICY if handshake else None)
+        await self._report(error)
+        self._arm_idle()
+
+    async def _configure(self, raw):
+        limit = self.limits.max_config_bytes
+        if utf8_length_exceeds(raw, limit):
+            raise size_error("session", limit, handshake=True)
+        if len(raw) > CONFIG_PARSE_OFFLOAD_BYTES:
+            payload = await asyncio.to_thread(parse_message, raw, handshake=True)
+        else:
+            payload = parse_message(raw, handshake=True)
+        if payload.get("type") != "session.config":
+            raise fatal("first WebSocket message must be session.config", "type")
+        self.config = parse_config(payload, self.engine.capabilities)
+        self.segmenter = Segmenter(self.config.split_granularity)
+        self.pipeline = Pipeline(
+            engine=self.engine,
+            config=self.config,
+            transport=self.transport,
+            session_id=self.session_id,
+            max_segment_chars=self.limits.max_segment_chars,
+            lead_s=self.lead_s,
+            on_idle=self._on_pipeline_idle,
+            on_crash=self._on_pipeline_crash,
+        )
+        self.state = State.ACTIVE
+        await self.transport.send_json(
+            configured_event(self.session_id, self.config, self.engine.capabilities, self.limits))
+
+    async def _handle(self, raw):
+        if utf8_length_exceeds(raw, self.limits.max_message_bytes):
+            raise size_error("text", self.limits.max_message_bytes)
+        payload = parse_message(raw)
+        kind = payload.get("type")
+        allowed = HANDLERS if self.state is State.ACTIVE else DRAINING_HANDLERS
+        handler = allowed.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            raise SpeechError(f"unsupported speech WebSocket message type: {kind!r}", param="type")
+        await handler(self, payload)
+
+    # -- message handlers ----------------------------------------------------------------------
+    async def _on_text(self, payload):
+        text = payload.get("text")
+        if not isinstance(text, str):
+            raise SpeechError("input.text text must be a string", param="text")
+        limit = self.limits.max_pending_chars
+        if self.segmenter.pending_chars + self.pipeline.queued_chars + len(text) > limit:
+            raise fatal(f"buffered speech text exceeds {limit} characters", "text")
+        self._enqueue(self.segmenter.feed(text))
+
+    async def _on_commit(self, payload):
+        segments = self.segmenter.flush()
+        self._enqueue(segments)
+        await self.transport.send_json({
+            "type": "input.committed", "session_id": self.session_id, "segment_index": self._commits,
+            "segment_sentences": len(segments), "total_sentences": self.pipeline.total_sentences,
+        })
+        self._commits += 1
+
+    async def _on_cancel(self, payload, origin="client"):
+        self.segmenter.clear()
+        cancelled = await self.pipeline.cancel()
+        await self.transport.send_json({
+            "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
+            "total_sentences": self.pipeline.total_sentences, "origin": origin,
+        })
+
+    async def _on_keepalive(self, payload):
+        """Only resets the idle timer, which every frame does."""
+
+    async def _on_done(self, payload):
+        self._enqueue(self.segmenter.flush())
+        self.state = State.DRAINING
+        self._spawn(self._finish())
+
+    def _enqueue(self, segments):
+        for segment in segments:
+            self.pipeline.enqueue(segment)
+
+    # -- endings -------------------------------------------------------------------------------
+    async def _finish(self):
+        await self.pipeline.idle.wait()
+        if self.state is not State.DRAINING:
+            return
+        await self.transport.send_json(
+            {"type": "session.done", "session_id": self.session_id, "total_sentences": self.pipeline.total_sentences})
+        await self._close(CLOSE_NORMAL)
+
+    async def _report(self, error):
+        if not error.fatal:
+            await self.transport.send_json(error.event())
+            return
+        self.state = State.CLOSED
+        self._disarm()
+        if self.pipeline is not None:
+            await self.pipeline.aclose()
+        await self.transport.send_json(error.event())
+        await self._close(error.close_code)
+
+    async def _close(self, code):
+        self.state = State.CLOSED
+        self.closed.set()
+        await self.transport.close(code)
+
+    def _spawn(self, coro):
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _on_pipeline_idle(self):
+        self._arm_idle()
+
+    def _on_pipeline_crash(self):
+        if self.state is not State.CLOSED:
+            self._spawn(self._report(SpeechError("internal server error", error_type=SERVER_ERROR, code=None,
+                                                 close_code=CLOSE_INTERNAL)))
+
+    # -- timers --------------------------------------------------------------------------------
+    def _arm(self, seconds, error):
+        self._disarm()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(seconds, lambda: self._spawn(self._expire(error)))
+
+    def _arm_idle(self):
+        """Idle time counts only while the client owes us a frame and nothing is generating."""
+        if self.state is State.ACTIVE and self.pipeline.idle.is_set():
+            self._arm(self.limits.idle_timeout_s, fatal("speech WebSocket idle timeout"))
+
+    def _disarm(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _expire(self, error):
+        if self.state in (State.AWAITING_CONFIG, State.ACTIVE):
+            await self._report(error)
+
+
+HANDLERS = {
+    "input.text": SpeechSession._on_text,
+    "input.commit": SpeechSession._on_commit,
+    "input.cancel": SpeechSession._on_cancel,
+    "session.keepalive": SpeechSession._on_keepalive,
+    "input.done": SpeechSession._on_done,
+}
+# After input.done the client may still barge in or keep the socket alive; nothing else.
+DRAINING_HANDLERS = {kind: HANDLERS[kind] for kind in ("input.cancel", "session.keepalive")}

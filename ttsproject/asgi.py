@@ -1,0 +1,31 @@
+"""ASGI entry point: `daphne ttsproject.asgi:application` from the project root.
+
+HTTP goes to Django; WebSocket goes through the Origin policy to the speech consumer. The
+engine is built and warmed up here, before daphne listens, so the first client pays nothing.
+"""
+
+import asyncio
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from speech.conf import conf  # noqa: E402
+from speech.engines import get_engine  # noqa: E402
+from speech.origin import origin_policy  # noqa: E402
+from speech.routing import websocket_urlpatterns  # noqa: E402
+
+if conf.WARM_UP:
+    asyncio.run(get_engine().warm_up())
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": origin_policy(URLRouter(websocket_urlpatterns)),
+    }
+)

@@ -1,0 +1,118 @@
+"""Django settings, read from the environment (see ../shared/spec/settings.md and README).
+
+Every value has a default that serves one machine out of the box: the embedded engine, SQLite,
+and the in-process channel layer. Production changes them with environment variables only.
+"""
+
+import os
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="django-insecure-development-key-change-me-in-production")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "speech",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "ttsproject.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "ttsproject.asgi.application"
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+
+# Without REDIS_URL one instance serves everything through the in-process layer. With it, a
+# Redis pub/sub layer carries the (tiny, only-meaningful-now) control signals between instances.
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "media")
+MEDIA_URL = "media/"
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="INFO")},
+}
+
+# --- speech (defaults and meaning in speech/conf.py and the README) -----------------------------
+SPEECH_ENGINE = env.str("SPEECH_ENGINE", default="hibari")
+SPEECH_ENGINE_WORKERS = env.int("SPEECH_ENGINE_WORKERS", default=os.cpu_count() or 1)
+SPEECH_ENGINE_QUEUE_SIZE = env.int("SPEECH_ENGINE_QUEUE_SIZE", default=32)
+SPEECH_CONFIG_TIMEOUT_S = env.float("SPEECH_CONFIG_TIMEOUT_S", default=10.0)
+SPEECH_IDLE_TIMEOUT_S = env.float("SPEECH_IDLE_TIMEOUT_S", default=30.0)
+SPEECH_MAX_CONFIG_BYTES = env.int("SPEECH_MAX_CONFIG_BYTES", default=16 * 1024 * 1024)
+SPEECH_MAX_MESSAGE_BYTES = env.int("SPEECH_MAX_MESSAGE_BYTES", default=131072)
+SPEECH_MAX_PENDING_CHARS = env.int("SPEECH_MAX_PENDING_CHARS", default=262144)
+SPEECH_MAX_SEGMENT_CHARS = env.int("SPEECH_MAX_SEGMENT_CHARS", default=4096)
+SPEECH_MAX_LEAD_S = env.float("SPEECH_MAX_LEAD_S", default=20.0)
+SPEECH_ALLOWED_ORIGINS = env.list("SPEECH_ALLOWED_ORIGINS", default=[])
+SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
+
+# `python manage.py test` hands over to pytest, so both ways run the same suite.
+TEST_RUNNER = "ttsproject.testrunner.PytestTestRunner"
