@@ -18,16 +18,16 @@ PEAK_CEILING = 0.89  # -1 dBFS
 
 
 def _sound_bounds(samples, rate):
-    """Index of the first and one past the last gate frame that holds sound, or None for silence."""
-    peak = float(np.max(np.abs(samples))) if samples.size else 0.0
+    """Sample index of the start of the first and the end of the last gate frame holding sound,
+    or None for silence."""
+    magnitude = np.abs(samples)
+    peak = float(magnitude.max()) if samples.size else 0.0
     if peak < 1e-4:
         return None
     frame = max(1, int(rate * GATE_FRAME_S))
-    usable = samples[: samples.size - samples.size % frame] if samples.size >= frame else samples
-    frames = np.abs(usable).reshape(-1, frame).max(axis=1) if usable.size >= frame else np.abs(usable)[None]
-    loud = np.flatnonzero(frames > peak * GATE_RELATIVE)
-    if loud.size == 0:
-        return None
+    padded = np.zeros(-(-samples.size // frame) * frame, dtype=magnitude.dtype)
+    padded[: samples.size] = magnitude
+    loud = np.flatnonzero(padded.reshape(-1, frame).max(axis=1) > peak * GATE_RELATIVE)
     return int(loud[0]) * frame, min(samples.size, (int(loud[-1]) + 1) * frame)
 
 

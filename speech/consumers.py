@@ -4,11 +4,17 @@
 the session's own tasks. `disconnect()` aborts all of the session's work.
 """
 
+import asyncio
+import json
+
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .engines import get_engine
 from .protocol import Limits
 from .session import SpeechSession
+
+
+SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
 
 
 class SpeechStreamConsumer(AsyncWebsocketConsumer):
@@ -17,6 +23,15 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.engine = engine
         self.session = None
         self._open = False
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            # The server is stopping (daphne cancels every application on SIGTERM).
+            if self.session is not None:
+                await self.session.terminate(SHUTDOWN_MESSAGE)
+            raise
 
     async def dispatch(self, message):
         # Channels' dispatch runs close_old_connections in the shared database thread before
@@ -59,6 +74,10 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     @classmethod
     def encode_json(cls, content):
-        import json
-
-        return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+        text = json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone UTF-16 half echoed from the client: escape it
+                text = json.dumps(content, separators=(",", ":"))
+        return text

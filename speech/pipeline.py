@@ -71,7 +71,7 @@ class Pipeline:
         self.transport = transport
         self.session_id = session_id
         self.max_segment_chars = max_segment_chars
-        self.on_idle = on_idle  # called when the last segment has been delivered
+        self.on_idle = on_idle  # called when delivery ran out of segments (not after a cancel)
         self.on_crash = on_crash  # called when delivery itself failed (a bug, not an engine error)
         self.limiter = LeadLimiter(lead_s)
         self.rate = config.sample_rate
@@ -79,9 +79,12 @@ class Pipeline:
         self.jobs: deque[Job] = deque()
         self.announced = 0  # sentence indexes given so far
         self.queued_chars = 0  # text of segments whose synthesis has not started
-        self.idle = asyncio.Event()
-        self.idle.set()
         self._delivery = None
+
+    @property
+    def busy(self):
+        """Segments are waiting, being synthesised or being sent."""
+        return bool(self.jobs)
 
     @property
     def total_sentences(self):
@@ -92,7 +95,6 @@ class Pipeline:
         job = Job(text)
         self.jobs.append(job)
         self.queued_chars += len(text)
-        self.idle.clear()
         self._start_producers()
         if self._delivery is None:
             self._delivery = asyncio.create_task(self._deliver_all(), name=f"{self.session_id}-delivery")
@@ -135,7 +137,6 @@ class Pipeline:
         # Reset here, not in a done-callback: a segment enqueued before such a callback ran would
         # find a finished task in _delivery and never be delivered.
         self._delivery = None
-        self.idle.set()
         self.on_idle()
 
     def _announce(self, job):
@@ -157,6 +158,9 @@ class Pipeline:
         await self.limiter.spend(seconds)
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
+        # Let the loop run: the server writes this frame to the socket now instead of after the
+        # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
+        await asyncio.sleep(0)
 
     async def _deliver(self, job):
         streaming = self.config.stream_audio
@@ -166,14 +170,17 @@ class Pipeline:
             if isinstance(item, SpeechError):
                 failure = item
                 continue
+            if item.size == 0:
+                continue
             if not streaming:
                 collected.append(item)
                 continue
             if not job.announced:
                 await self._start(job)
-            for at in range(0, item.size, self.frame_samples):
-                frame = item[at: at + self.frame_samples]
-                await self._send_audio(job, audio.pcm16(frame), frame.size / self.rate)
+            data, step = audio.pcm16(item), self.frame_samples * 2
+            for at in range(0, len(data), step):
+                frame = data[at: at + step]
+                await self._send_audio(job, frame, len(frame) / 2 / self.rate)
         if failure is None and collected:
             samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
             data = audio.encode(self.config.response_format, samples, self.rate)
@@ -209,17 +216,15 @@ class Pipeline:
         jobs = list(self.jobs)
         self.jobs.clear()
         self.queued_chars = 0
-        self.idle.set()
         return jobs
 
     async def cancel(self):
         """Barge-in: stop the current segment within one frame, drop the rest. Returns how many
         segments were stopped or dropped."""
         jobs = [job for job in await self._stop() if not job.done_sent]
+        self.limiter = LeadLimiter(self.limiter.lead_s)  # the client dropped what it had buffered
         if jobs and jobs[0].announced:
             await self._done(jobs[0], error=False, cancelled=True)
-        if jobs:
-            self.on_idle()
         return len(jobs)
 
     async def aclose(self):

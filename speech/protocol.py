@@ -113,13 +113,22 @@ def parse_message(raw, *, handshake=False):
     """A client frame's JSON object; SpeechError (fatal during the handshake) otherwise."""
     close = CLOSE_POLICY if handshake else None
     try:
-        payload = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-        raise SpeechError(f"speech WebSocket message is not valid JSON: {detail}", close_code=close) from None
-    if not isinstance(payload, dict):
-        raise SpeechError("speech WebSocket messages must be JSON objects", close_code=close)
-    return payload
+        payload = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        detail = "nested too deeply"
+    except json.JSONDecodeError as exc:
+        detail = exc.msg
+    except ValueError as exc:  # e.g. an integer longer than Python converts
+        detail = str(exc)
+    else:
+        if not isinstance(payload, dict):
+            raise SpeechError("speech WebSocket messages must be JSON objects", close_code=close)
+        return payload
+    raise SpeechError(f"speech WebSocket message is not valid JSON: {detail}", close_code=close)
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def size_error(kind, limit, *, handshake=False):
@@ -155,9 +164,10 @@ def parse_config(payload, capabilities):
         raise fatal(f"sample_rate {rate} is not available on this server yet; engine '{caps.name}' "
                     f"sends {caps.sample_rate}", "sample_rate")
 
-    speed = float(present.get("speed", 1.0))
-    if not SPEED_MIN <= speed <= SPEED_MAX:
+    speed = present.get("speed", 1.0)
+    if not SPEED_MIN <= speed <= SPEED_MAX:  # compared before float(): a huge integer must not overflow
         raise fatal("speed must be between 0.25 and 4.0", "speed")
+    speed = float(speed)
     low, high = caps.speed_range
     if not low <= speed <= high:
         raise fatal(f"speed {speed:g} is outside engine '{caps.name}''s range {low:g} to {high:g} "

@@ -21,6 +21,7 @@ from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
     CLOSE_POLICY,
+    CLOSE_TERMINATED,
     SERVER_ERROR,
     SpeechError,
     fatal,
@@ -66,11 +67,19 @@ class SpeechSession:
         self._timer = None
         self._tasks = set()  # fatal-error and finishing tasks, awaited on close
         self._commits = 0
+        self._finishing = False
+        self._high_surrogate = ""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self):
         """Call once the socket is accepted: the session.config wait begins."""
         self._arm(self.limits.config_timeout_s, fatal("session.config was not received before timeout"))
+
+    async def terminate(self, message):
+        """The server ends the session: an error event, close 4001, all work aborted."""
+        if self.state is not State.CLOSED:
+            await self._report(SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED))
+        await self.aclose()
 
     async def aclose(self):
         """The client disconnected (or the server is done): abort all work, send nothing more."""
@@ -155,10 +164,22 @@ class SpeechSession:
         text = payload.get("text")
         if not isinstance(text, str):
             raise SpeechError("input.text text must be a string", param="text")
+        text = self._join_surrogates(text)
         limit = self.limits.max_pending_chars
         if self.segmenter.pending_chars + self.pipeline.queued_chars + len(text) > limit:
             raise fatal(f"buffered speech text exceeds {limit} characters", "text")
         self._enqueue(self.segmenter.feed(text))
+
+    def _join_surrogates(self, text):
+        """JSON may carry UTF-16 halves (\\ud83d) and a client may split a pair across frames:
+        a trailing high surrogate waits for the next frame, pairs are joined, and a lone half
+        becomes U+FFFD, so engines and events only ever see valid text."""
+        text, self._high_surrogate = self._high_surrogate + text, ""
+        if text and "\ud800" <= text[-1] <= "\udbff":
+            text, self._high_surrogate = text[:-1], text[-1]
+        if not text.isascii():
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return text
 
     async def _on_commit(self, payload):
         segments = self.segmenter.flush()
@@ -176,6 +197,7 @@ class SpeechSession:
             "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
             "total_sentences": self.pipeline.total_sentences, "origin": origin,
         })
+        self._on_pipeline_idle()
 
     async def _on_keepalive(self, payload):
         """Only resets the idle timer, which every frame does."""
@@ -183,7 +205,8 @@ class SpeechSession:
     async def _on_done(self, payload):
         self._enqueue(self.segmenter.flush())
         self.state = State.DRAINING
-        self._spawn(self._finish())
+        if not self.pipeline.busy:
+            self._on_pipeline_idle()
 
     def _enqueue(self, segments):
         for segment in segments:
@@ -191,7 +214,6 @@ class SpeechSession:
 
     # -- endings -------------------------------------------------------------------------------
     async def _finish(self):
-        await self.pipeline.idle.wait()
         if self.state is not State.DRAINING:
             return
         await self.transport.send_json(
@@ -221,7 +243,12 @@ class SpeechSession:
         return task
 
     def _on_pipeline_idle(self):
-        self._arm_idle()
+        """Nothing left to synthesise or send: after input.done that ends the session."""
+        if self.state is State.DRAINING and not self._finishing:
+            self._finishing = True
+            self._spawn(self._finish())
+        else:
+            self._arm_idle()
 
     def _on_pipeline_crash(self):
         if self.state is not State.CLOSED:
@@ -232,11 +259,12 @@ class SpeechSession:
     def _arm(self, seconds, error):
         self._disarm()
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(seconds, lambda: self._spawn(self._expire(error)))
+        handle = loop.call_later(seconds, lambda: self._spawn(self._expire(error, handle)))
+        self._timer = handle
 
     def _arm_idle(self):
         """Idle time counts only while the client owes us a frame and nothing is generating."""
-        if self.state is State.ACTIVE and self.pipeline.idle.is_set():
+        if self.state is State.ACTIVE and not self.pipeline.busy:
             self._arm(self.limits.idle_timeout_s, fatal("speech WebSocket idle timeout"))
 
     def _disarm(self):
@@ -244,8 +272,9 @@ class SpeechSession:
             self._timer.cancel()
             self._timer = None
 
-    async def _expire(self, error):
-        if self.state in (State.AWAITING_CONFIG, State.ACTIVE):
+    async def _expire(self, error, handle):
+        # A frame handled between the timer firing and this task running disarmed it: void.
+        if handle is self._timer and self.state in (State.AWAITING_CONFIG, State.ACTIVE):
             await self._report(error)
 
 

@@ -1,13 +1,12 @@
-"""`manage.py serve`: start daphne with this project's WebSocket limits (what `make run` does).
+"""`manage.py serve`: daphne with this project's WebSocket limits and shutdown (what `make run` does).
 
 daphne's own frame limit defaults to 1 MiB, below the contract's 16 MiB session.config. It is set
 here from the settings: the largest allowed frame plus 1 MiB, so that a frame somewhat over a
 limit still reaches the application and gets the contract's error (4009) rather than a bare close.
-The process becomes daphne (exec), so SIGTERM stops it directly.
+daphne runs in this process (speech.server), so SIGTERM stops it after sessions have been ended.
 """
 
 import os
-import sys
 
 from django.core.management.base import BaseCommand
 
@@ -16,10 +15,9 @@ from speech.conf import conf
 FRAME_SLACK_BYTES = 1 << 20
 
 
-def daphne_argv(host, port):
+def daphne_args(host, port):
     limit = max(conf.MAX_CONFIG_BYTES, conf.MAX_MESSAGE_BYTES) + FRAME_SLACK_BYTES
     return [
-        sys.executable, "-m", "daphne",
         "-b", host, "-p", str(port),
         "--websocket-max-message-size", str(limit),
         "--websocket-max-frame-size", str(limit),
@@ -35,7 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
 
     def handle(self, *args, host, port, **options):
-        argv = daphne_argv(host, port)
+        from speech.server import SpeechCommandLine  # installs Twisted's asyncio reactor
+
         self.stdout.write(f"serving on ws://{host}:{port}/v1/audio/speech/stream (engine {conf.ENGINE})")
-        self.stdout.flush()
-        os.execv(argv[0], argv)
+        SpeechCommandLine().run(daphne_args(host, port))

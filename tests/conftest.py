@@ -1,0 +1,118 @@
+"""Shared fixtures: a SpeechSession driven through the recording transport, with a FakeEngine.
+
+    async def test_x(speech):
+        s = await speech(engine=FakeEngine(hold=True), stream_audio=True)   # configured session
+        await s.send({"type": "input.text", "text": "Hello. "})
+        await s.t.event("audio.start", sentence_index=0)
+        ...
+        await s.finish()        # aclose + no task left + engine.running == 0
+
+Nothing here is autouse: other test modules in this folder are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+
+import pytest
+
+from speech.engines.fake import FakeEngine
+from speech.protocol import Limits
+from speech.session import SpeechSession
+
+from .recorder import HANG_GUARD_S, Recorder
+
+SESSION_ID_RE = re.compile(r"^speech_ws_[0-9a-f]{32}$")
+
+# The contract's defaults (§2), except that tests never wait 10 s for anything.
+LIMITS = Limits(
+    config_timeout_s=10.0,
+    idle_timeout_s=10.0,
+    max_config_bytes=16 * 1024 * 1024,
+    max_message_bytes=131072,
+    max_pending_chars=262144,
+    max_segment_chars=4096,
+)
+
+# FakeEngine defaults: 24 kHz, chunks of 0.05 s = 1200 samples; the pipeline streams 40 ms frames.
+RATE = 24000
+CHUNK_SAMPLES = 1200
+CHUNK_BYTES = CHUNK_SAMPLES * 2
+
+
+def limits(**overrides):
+    return dataclasses.replace(LIMITS, **overrides)
+
+
+def dumps(obj):
+    """A client frame as the browser sends it: UTF-8 text, non-ASCII not escaped."""
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def other_tasks():
+    current = asyncio.current_task()
+    return {task for task in asyncio.all_tasks() if task is not current and not task.done()}
+
+
+class Harness:
+    def __init__(self, engine, limits_, *, yield_on_send=False):
+        self.engine = engine
+        self.limits = limits_
+        self.t = Recorder(yield_on_send=yield_on_send)
+        self.session = SpeechSession(self.t, engine, limits_, lead_s=0)
+
+    def start(self):
+        self.session.start()
+        return self
+
+    async def send(self, obj):
+        """Hand a text frame to the session. Handling a frame must never wait for synthesis, so the
+        5 s hang guard only turns a regression into a failure instead of a hung run."""
+        async with asyncio.timeout(HANG_GUARD_S):  # in this task: no extra scheduling step
+            await self.session.receive_text(obj if isinstance(obj, str) else dumps(obj))
+
+    async def send_bytes(self, data):
+        async with asyncio.timeout(HANG_GUARD_S):
+            await self.session.receive_bytes(data)
+
+    async def text(self, text):
+        await self.send({"type": "input.text", "text": text})
+
+    async def configure(self, **config):
+        await self.send({"type": "session.config", "session": config})
+        return await self.t.event("session.configured")
+
+    async def barrier(self):
+        """input.commit with an empty buffer: the very next item must be its input.committed, which
+        proves nothing else was emitted before it. Returns the event."""
+        assert self.session.segmenter.pending_chars == 0, "barrier() needs an empty text buffer"
+        await self.send({"type": "input.commit"})
+        return await self.t.event("input.committed", segment_sentences=0)
+
+    async def finish(self):
+        """aclose, then: no task left, no engine stream running, nothing sent after a close."""
+        await asyncio.wait_for(self.session.aclose(), HANG_GUARD_S)
+        assert other_tasks() == set()
+        assert self.engine.running == 0
+        assert self.t.after_close == []
+
+
+@pytest.fixture
+async def speech():
+    """Factory for configured sessions (or, with configure=False, started unconfigured ones)."""
+    made = []
+
+    async def make(engine=None, limits_=LIMITS, *, configure=True, yield_on_send=False, **config):
+        harness = Harness(engine or FakeEngine(), limits_, yield_on_send=yield_on_send).start()
+        made.append(harness)
+        if configure:
+            event = await harness.configure(**config)
+            harness.configured = event
+        return harness
+
+    yield make
+    for harness in made:  # a failed test must not leak tasks into the next one
+        await asyncio.wait_for(harness.session.aclose(), HANG_GUARD_S)

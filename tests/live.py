@@ -1,0 +1,369 @@
+"""Helpers for tests and benchmarks that talk to a real daphne process over real sockets.
+
+    with DaphneServer() as server:            # free port, `manage.py serve`, waits until it listens
+        result = asyncio.run(run_session(server.ws_url, {"stream_audio": True}, ["Hello. "]))
+        assert result.close_code == 1000
+    assert "Traceback" not in server.stderr_text()
+
+`DaphneServer` runs `manage.py migrate` into a private SQLite file first (unless told not to), so
+it never touches the project's own database, and captures the server's stdout and stderr in files
+of its own temporary folder. On exit it sends SIGTERM and waits (bounded) for the process to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+WS_PATH = "/v1/audio/speech/stream"
+
+START_TIMEOUT_S = 90.0  # engine warm-up included; a hang guard, not a timing assertion
+STOP_TIMEOUT_S = 20.0
+
+
+def free_port(host="127.0.0.1"):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_accepts(host, port, timeout=0.5):
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class ServerFailed(RuntimeError):
+    pass
+
+
+class DaphneServer:
+    """`manage.py serve` in a subprocess on a free port, as a context manager."""
+
+    def __init__(self, env=None, *, host="127.0.0.1", port=None, migrate=True, start_timeout=START_TIMEOUT_S,
+                 stop_timeout=STOP_TIMEOUT_S, attempts=3):
+        self.host = host
+        self.fixed_port = port  # None: a free port is picked (and another one tried if it was taken)
+        self.extra_env = dict(env or {})
+        self.migrate = migrate
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.attempts = attempts
+        self.port = None
+        self.proc = None
+        self.workdir = None
+        self.stdout_path = None
+        self.stderr_path = None
+        self.returncode = None
+        self.stopped_by_sigterm = None  # after stop(): True if SIGTERM ended it within stop_timeout
+
+    # -- addresses ---------------------------------------------------------------------------
+    @property
+    def ws_url(self):
+        return f"ws://{self.host}:{self.port}{WS_PATH}"
+
+    @property
+    def http_url(self):
+        return f"http://{self.host}:{self.port}"
+
+    # -- environment ---------------------------------------------------------------------------
+    def environment(self):
+        env = dict(os.environ)
+        env.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
+        env["DATABASE_URL"] = f"sqlite:///{self.workdir / 'db.sqlite3'}"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("PORT", None)
+        env.pop("HOST", None)
+        env.update(self.extra_env)
+        return env
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self):
+        self.workdir = Path(tempfile.mkdtemp(prefix="daphne-test-"))
+        self.stdout_path = self.workdir / "stdout.log"
+        self.stderr_path = self.workdir / "stderr.log"
+        env = self.environment()
+        if self.migrate:
+            done = subprocess.run([PYTHON, "manage.py", "migrate", "--noinput"], cwd=PROJECT_ROOT, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            if done.returncode != 0:
+                raise ServerFailed(f"manage.py migrate failed:\n{done.stdout}\n{done.stderr}")
+        last_error = None
+        for _ in range(1 if self.fixed_port else self.attempts):
+            try:
+                self._spawn(env)
+                return self
+            except ServerFailed as exc:  # most likely the free port was taken in between: try another
+                last_error = exc
+                if "Address already in use" not in str(exc) and "CannotListenError" not in str(exc):
+                    break
+        raise last_error
+
+    def _spawn(self, env):
+        self.port = self.fixed_port or free_port(self.host)
+        if port_accepts(self.host, self.port):
+            raise ServerFailed(f"port {self.port} is already in use (Address already in use)")
+        with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
+            self.proc = subprocess.Popen(
+                [PYTHON, "manage.py", "serve", "--host", self.host, "--port", str(self.port)],
+                cwd=PROJECT_ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.returncode = self.proc.returncode
+                raise ServerFailed(f"server exited with {self.proc.returncode} before listening:\n"
+                                   f"{self.stderr_text()[-4000:]}")
+            if port_accepts(self.host, self.port):
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise ServerFailed(f"server did not listen on port {self.port} within {self.start_timeout} s:\n"
+                           f"{self.stderr_text()[-4000:]}")
+
+    def stop(self):
+        """SIGTERM, then wait up to stop_timeout; SIGKILL only if that did not end it."""
+        if self.proc is None or self.returncode is not None:
+            return self.returncode
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=self.stop_timeout)
+                self.stopped_by_sigterm = True
+            except subprocess.TimeoutExpired:
+                self.stopped_by_sigterm = False
+                self.kill()
+        self.returncode = self.proc.returncode
+        return self.returncode
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=self.stop_timeout)
+        if self.proc is not None:
+            self.returncode = self.proc.returncode
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def cleanup(self):
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.stop()
+        return False
+
+    # -- logs ----------------------------------------------------------------------------------
+    def stdout_text(self):
+        return self.stdout_path.read_text(errors="replace") if self.stdout_path and self.stdout_path.exists() else ""
+
+    def stderr_text(self):
+        return self.stderr_path.read_text(errors="replace") if self.stderr_path and self.stderr_path.exists() else ""
+
+    def assert_no_traceback(self):
+        text = self.stderr_text()
+        assert "Traceback" not in text, f"server stderr holds a traceback:\n{text[-6000:]}"
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def get_json(self, path, timeout=10.0):
+        with urllib.request.urlopen(self.http_url + path, timeout=timeout) as response:
+            return response.status, response.headers.get("Content-Type", ""), json.loads(response.read())
+
+
+# -- WebSocket sessions --------------------------------------------------------------------------
+
+RECV_TIMEOUT_S = 60.0  # hang guard for one frame
+
+
+@dataclass
+class Item:
+    kind: str  # "event" or "audio"
+    data: object  # dict for events, bytes for audio
+    at: float  # time.perf_counter() at arrival
+
+
+@dataclass
+class Segment:
+    index: int
+    start: dict | None = None
+    frames: list[bytes] = field(default_factory=list)
+    done: dict | None = None
+    errors: list[dict] = field(default_factory=list)
+
+    @property
+    def audio(self):
+        return b"".join(self.frames)
+
+
+@dataclass
+class SessionResult:
+    configured: dict | None = None
+    items: list[Item] = field(default_factory=list)
+    close_code: int | None = None
+    close_reason: str = ""
+
+    @property
+    def events(self):
+        return [item.data for item in self.items if item.kind == "event"]
+
+    def types(self):
+        return [event["type"] for event in self.events]
+
+    def of_type(self, kind):
+        return [event for event in self.events if event["type"] == kind]
+
+    @property
+    def audio_frames(self):
+        return [item.data for item in self.items if item.kind == "audio"]
+
+
+def segments_of(items):
+    """Group items by segment, checking the ordering rules of contract §4 on the way.
+
+    Returns (segments in order of audio.start/error, problems): problems lists every binary frame
+    outside an audio.start..audio.done pair and every event of a segment out of place."""
+    segments = {}
+    order = []
+    problems = []
+    current = None
+    for position, item in enumerate(items):
+        if item.kind == "audio":
+            if current is None:
+                problems.append(f"binary frame at {position} outside audio.start..audio.done")
+            else:
+                current.frames.append(item.data)
+            continue
+        event = item.data
+        kind = event.get("type")
+        if kind == "audio.start":
+            if current is not None:
+                problems.append(f"audio.start of {event['sentence_index']} at {position} before audio.done "
+                                f"of {current.index}")
+            index = event["sentence_index"]
+            if index in segments:
+                problems.append(f"sentence_index {index} announced twice")
+            current = segments[index] = Segment(index, start=event)
+            order.append(index)
+        elif kind == "audio.done":
+            index = event["sentence_index"]
+            segment = segments.get(index)
+            if segment is None:  # a failing segment without audio: error then audio.done
+                segment = segments[index] = Segment(index)
+                order.append(index)
+            elif current is not None and current.index != index:
+                problems.append(f"audio.done of {index} at {position} while {current.index} is open")
+            segment.done = event
+            current = None
+        elif kind == "error" and "sentence_index" in event:
+            index = event["sentence_index"]
+            segment = segments.get(index)
+            if segment is None:
+                segment = segments[index] = Segment(index)
+                order.append(index)
+            segment.errors.append(event)
+    return [segments[index] for index in order], problems
+
+
+async def open_session(url, *, origin=None, headers=None, open_timeout=30.0, **kwargs):
+    """A websockets client connection with no incoming size limit (server audio can be large)."""
+    return await connect(url, origin=origin, additional_headers=headers, max_size=None,
+                         open_timeout=open_timeout, **kwargs)
+
+
+async def send_json(ws, payload):
+    await ws.send(json.dumps(payload))
+
+
+async def configure(ws, config=None, *, nested=True, timeout=RECV_TIMEOUT_S):
+    """Send session.config and return the session.configured event (AssertionError otherwise)."""
+    config = dict(config or {})
+    payload = {"type": "session.config", "session": config} if nested else {"type": "session.config", **config}
+    await send_json(ws, payload)
+    reply = await recv_item(ws, timeout=timeout)
+    assert reply.kind == "event" and reply.data.get("type") == "session.configured", f"no session.configured: {reply}"
+    return reply.data
+
+
+async def recv_item(ws, timeout=RECV_TIMEOUT_S):
+    """The next frame as an Item; raises ConnectionClosed at the end and TimeoutError on a hang."""
+    message = await asyncio.wait_for(ws.recv(), timeout)
+    now = time.perf_counter()
+    if isinstance(message, bytes):
+        return Item("audio", message, now)
+    return Item("event", json.loads(message), now)
+
+
+async def collect(ws, result=None, *, until=None, timeout=RECV_TIMEOUT_S):
+    """Receive into result.items until the socket closes, or until `until(item)` is true (that item
+    included). Sets close_code/close_reason when the socket closed."""
+    result = result or SessionResult()
+    while True:
+        try:
+            item = await recv_item(ws, timeout=timeout)
+        except ConnectionClosed:
+            result.close_code = ws.close_code
+            result.close_reason = ws.close_reason or ""
+            return result
+        result.items.append(item)
+        if until is not None and until(item):
+            return result
+
+
+def is_event(kind):
+    return lambda item: item.kind == "event" and item.data.get("type") == kind
+
+
+async def run_session(url, config=None, texts=(), *, done=True, timeout=RECV_TIMEOUT_S, **connect_kwargs):
+    """One whole session: config, each text as an input.text, input.done, then everything until close."""
+    result = SessionResult()
+    ws = await open_session(url, **connect_kwargs)
+    try:
+        result.configured = await configure(ws, config, timeout=timeout)
+        for text in texts:
+            await send_json(ws, {"type": "input.text", "text": text})
+        if done:
+            await send_json(ws, {"type": "input.done"})
+        await collect(ws, result, timeout=timeout)
+    finally:
+        await ws.close()
+    return result
+
+
+async def wait_closed(ws, timeout=RECV_TIMEOUT_S):
+    """Drain whatever is left and return (close code, events received meanwhile)."""
+    result = await collect(ws, timeout=timeout)
+    return result.close_code, result
+
+
+@contextlib.asynccontextmanager
+async def session(url, config=None, **kwargs):
+    """`async with session(url, {...}) as (ws, configured):` — configured, closed on exit."""
+    ws = await open_session(url, **kwargs)
+    try:
+        configured = await configure(ws, config)
+        yield ws, configured
+    finally:
+        await ws.close()

@@ -1,0 +1,270 @@
+"""The Channels consumer and the Origin policy, through channels.testing.WebsocketCommunicator.
+
+`receive_nothing()` is Channels' own short negative check; every test ends with `disconnect()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.test import override_settings
+from django.urls import path
+
+from speech.consumers import SpeechStreamConsumer
+from speech.engines.fake import FakeEngine
+from speech.origin import origin_policy
+
+PATH = "/v1/audio/speech/stream"
+HANG_GUARD_S = 5
+
+
+def application(engine):
+    return origin_policy(URLRouter([path("v1/audio/speech/stream", SpeechStreamConsumer.as_asgi(engine=engine))]))
+
+
+def communicator(engine, origin=None):
+    headers = [(b"origin", origin.encode("latin1"))] if origin is not None else []
+    return WebsocketCommunicator(application(engine), PATH, headers=headers)
+
+
+async def output(comm):
+    """The next raw ASGI message the application sent: websocket.send (text or bytes) or websocket.close."""
+    return await comm.receive_output(HANG_GUARD_S)
+
+
+async def event(comm, type_=None):
+    message = await output(comm)
+    assert message["type"] == "websocket.send" and message.get("text") is not None, message
+    value = json.loads(message["text"])
+    if type_ is not None:
+        assert value["type"] == type_, value
+    return value
+
+
+async def send(comm, obj):
+    await comm.send_to(text_data=json.dumps(obj, ensure_ascii=False))
+
+
+async def connected(engine, origin=None, **config):
+    comm = communicator(engine, origin)
+    ok, _ = await comm.connect(HANG_GUARD_S)
+    assert ok
+    await send(comm, {"type": "session.config", "session": config})
+    configured = await event(comm, "session.configured")
+    return comm, configured
+
+
+async def test_full_session_with_audio():
+    engine = FakeEngine()
+    comm, configured = await connected(engine, stream_audio=True, voice="alt")
+    sid = configured["session_id"]
+    assert re.match(r"^speech_ws_[0-9a-f]{32}$", sid)
+    assert configured["engine"] == "fake" and configured["voice"] == "alt"
+    assert configured["limits"] == {"config_timeout_s": 10.0, "idle_timeout_s": 30.0, "max_config_bytes": 16777216,
+                                    "max_message_bytes": 131072, "max_pending_chars": 262144,
+                                    "max_segment_chars": 4096}
+    await send(comm, {"type": "input.text", "text": "Grüß dich. How are"})
+    await send(comm, {"type": "input.text", "text": " you today?"})
+    await send(comm, {"type": "input.done"})
+    texts = []
+    for index in range(2):
+        start = await event(comm, "audio.start")
+        assert start["id"] == f"{sid}-{index}" and start["sentence_index"] == index
+        texts.append(start["sentence_text"])
+        total = 0
+        while (message := await output(comm)).get("bytes") is not None:
+            total += len(message["bytes"])
+        done = json.loads(message["text"])
+        assert done == {"type": "audio.done", "id": f"{sid}-{index}", "sentence_index": index, "total_bytes": total,
+                        "error": False, "cancelled": False}
+        assert total == 2 * engine.chunk_samples * 2
+    assert texts == ["Grüß dich.", "How are you today?"]
+    assert await event(comm) == {"type": "session.done", "session_id": sid, "total_sentences": 2}
+    closed = await output(comm)
+    assert closed["type"] == "websocket.close" and closed["code"] == 1000
+    await comm.disconnect()
+    assert engine.running == 0
+
+
+async def test_text_frames_are_utf8_json_not_ascii_escaped():
+    comm, _ = await connected(FakeEngine(), stream_audio=True)
+    await send(comm, {"type": "input.text", "text": "Ça va? "})
+    message = await output(comm)
+    assert "Ça va?" in message["text"]
+    await comm.disconnect()
+
+
+async def test_binary_frames_are_a_recoverable_error():
+    engine = FakeEngine()
+    comm, _ = await connected(engine)
+    await comm.send_to(bytes_data=b"\x00\x01\x02")
+    assert await event(comm) == {"type": "error", "message": "speech WebSocket client messages must be text frames",
+                                 "error_type": "BadRequestError", "code": 400}
+    await send(comm, {"type": "input.text", "text": "Still here."})
+    await send(comm, {"type": "input.commit"})
+    await event(comm, "input.committed")
+    await event(comm, "audio.start")
+    frame = await output(comm)
+    assert len(frame["bytes"]) == 2 * engine.chunk_samples * 2  # not streaming: one frame
+    await event(comm, "audio.done")
+    assert await comm.receive_nothing()
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("first,message,code", [
+    ({"type": "input.text", "text": "hi"}, "first WebSocket message must be session.config", 4008),
+    ({"type": "session.config", "session": {"voice": "nobody"}},
+     "Unknown voice 'nobody'. Supported voices: fake, alt", 4008),
+], ids=["not-config", "bad-voice"])
+async def test_fatal_error_then_close_code(first, message, code):
+    comm = communicator(FakeEngine())
+    assert (await comm.connect(HANG_GUARD_S))[0]
+    await send(comm, first)
+    assert (await event(comm, "error"))["message"] == message
+    closed = await output(comm)
+    assert closed["type"] == "websocket.close" and closed["code"] == code
+    await send(comm, {"type": "session.config"})  # ignored after the close
+    assert await comm.receive_nothing()
+    await comm.disconnect()
+
+
+async def test_binary_first_frame_is_fatal():
+    comm = communicator(FakeEngine())
+    assert (await comm.connect(HANG_GUARD_S))[0]
+    await comm.send_to(bytes_data=b"{}")
+    assert (await event(comm, "error"))["message"] == "speech WebSocket client messages must be text frames"
+    assert (await output(comm))["code"] == 4008
+    await comm.disconnect()
+
+
+async def test_disconnect_mid_segment_aborts_the_engine_work():
+    engine = FakeEngine(chunks=3, hold=True)
+    comm, _ = await connected(engine, stream_audio=True)
+    await send(comm, {"type": "input.text", "text": "First one. Second one. Third one. "})
+    await event(comm, "audio.start")
+    assert "bytes" in await output(comm)
+    assert "bytes" in await output(comm)
+    assert await comm.receive_nothing()  # held: the second chunk does not come
+    assert engine.running == 2
+    await comm.disconnect()
+    assert engine.running == 0
+    assert engine.aborted == 2 and engine.completed == 0
+
+
+async def test_cancel_through_the_socket():
+    engine = FakeEngine(chunks=3, hold=True)
+    comm, configured = await connected(engine, stream_audio=True)
+    sid = configured["session_id"]
+    await send(comm, {"type": "input.text", "text": "First one. Second one. "})
+    await event(comm, "audio.start")
+    sent = len((await output(comm))["bytes"]) + len((await output(comm))["bytes"])
+    await send(comm, {"type": "input.cancel"})
+    assert await event(comm) == {"type": "audio.done", "id": f"{sid}-0", "sentence_index": 0, "total_bytes": sent,
+                                 "error": False, "cancelled": True}
+    assert await event(comm) == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 2,
+                                 "total_sentences": 1, "origin": "client"}
+    assert engine.running == 0
+    await comm.disconnect()
+
+
+# -- Origin policy ---------------------------------------------------------------------------------
+
+async def test_no_origin_is_accepted():
+    comm = communicator(FakeEngine())
+    ok, _ = await comm.connect(HANG_GUARD_S)
+    assert ok
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("origin", ["http://localhost:8000", "http://127.0.0.1:8000", "https://localhost",
+                                    "http://[::1]:8000"])
+async def test_allowed_origin_is_accepted(origin):
+    comm, _ = await connected(FakeEngine(), origin)
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "https://localhost.evil.example", "null",
+                                    "http://127.0.0.2:8000", "file://"])
+async def test_origin_not_allowed_is_refused(origin):
+    engine = FakeEngine()
+    comm = communicator(engine, origin)
+    ok, _ = await comm.connect(HANG_GUARD_S)
+    assert not ok
+    await comm.disconnect()
+    assert engine.requests == []
+
+
+async def test_speech_allowed_origins_setting_replaces_allowed_hosts():
+    with override_settings(SPEECH_ALLOWED_ORIGINS=["https://app.example"]):
+        app = application(FakeEngine())
+    allowed = WebsocketCommunicator(app, PATH, headers=[(b"origin", b"https://app.example")])
+    assert (await allowed.connect(HANG_GUARD_S))[0]
+    await allowed.disconnect()
+    refused = WebsocketCommunicator(app, PATH, headers=[(b"origin", b"http://localhost:8000")])
+    assert not (await refused.connect(HANG_GUARD_S))[0]
+    await refused.disconnect()
+    anonymous = WebsocketCommunicator(app, PATH)
+    assert (await anonymous.connect(HANG_GUARD_S))[0]
+    await anonymous.disconnect()
+
+
+async def test_no_task_left_after_disconnect():
+    engine = FakeEngine(hold=True)
+    comm, _ = await connected(engine, stream_audio=True)
+    await send(comm, {"type": "input.text", "text": "Hello there. "})
+    await event(comm, "audio.start")
+    await comm.disconnect()
+    current = asyncio.current_task()
+    assert {t for t in asyncio.all_tasks() if t is not current and not t.done()} == set()
+    assert engine.running == 0
+
+
+async def test_server_shutdown_terminates_the_session():
+    engine = FakeEngine(chunks=3, hold=True)
+    comm, _ = await connected(engine, stream_audio=True)
+    await send(comm, {"type": "input.text", "text": "First one. Second one. "})
+    await event(comm, "audio.start")
+    comm.future.cancel()  # what daphne does to every application on SIGTERM
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(comm.future, HANG_GUARD_S)
+    rest = []
+    while not comm.output_queue.empty():
+        rest.append(comm.output_queue.get_nowait())
+    rest = [message for message in rest if message.get("bytes") is None]  # frames of chunk 0 may precede
+    assert [json.loads(rest[0]["text"])] == [{"type": "error", "error_type": "server_error",
+                                               "message": "speech session terminated: the server is shutting down"}]
+    assert rest[1]["type"] == "websocket.close" and rest[1]["code"] == 4001
+    assert len(rest) == 2
+    assert engine.running == 0 and engine.aborted == 2
+
+
+# -- text frames must be valid UTF-8 (RFC 6455); daphne encodes them with str.encode("utf8") ---------
+
+def utf8_text(message):
+    assert message["type"] == "websocket.send" and message.get("text") is not None, message
+    message["text"].encode("utf-8")  # what daphne does; UnicodeEncodeError means the socket write fails
+    return json.loads(message["text"])
+
+
+async def test_split_surrogate_pair_is_still_valid_utf8():
+    comm, _ = await connected(FakeEngine(), stream_audio=True)
+    await comm.send_to(text_data='{"type":"input.text","text":"Hi \\ud83d"}')
+    await comm.send_to(text_data='{"type":"input.text","text":"\\ude00 there. "}')
+    start = utf8_text(await output(comm))
+    assert start["type"] == "audio.start"
+    await comm.disconnect()
+
+
+async def test_unknown_voice_with_a_lone_surrogate_is_still_valid_utf8():
+    comm = communicator(FakeEngine())
+    assert (await comm.connect(HANG_GUARD_S))[0]
+    await comm.send_to(text_data='{"type":"session.config","session":{"voice":"x\\ud800"}}')
+    error = utf8_text(await output(comm))
+    assert error["type"] == "error" and error["param"] == "voice"
+    assert (await output(comm))["code"] == 4008
+    await comm.disconnect()

