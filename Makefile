@@ -36,7 +36,8 @@ test: install-dev migrate
 	$(PY) manage.py test
 
 bench: install-dev migrate
-	$(PY) bench/ttfa.py
+	$(PY) bench/ttfa.py --repeat 5
+	$(PY) bench/audio_cost.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

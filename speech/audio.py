@@ -1,10 +1,7 @@
-"""Audio helpers: trimming an engine's padding, loudness, and the pcm/wav encodings of the contract.
+"""Audio helpers: trimming an engine's padding, loudness, and 16-bit PCM.
 
 Engines hand over float32 mono arrays in [-1, 1]; everything here works on those.
 """
-
-import io
-import wave
 
 import numpy as np
 
@@ -65,22 +62,3 @@ def normalise(samples):
 def pcm16(samples):
     """Signed 16-bit little-endian bytes."""
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
-def wav(samples, rate):
-    """A complete RIFF/WAVE file with 16-bit mono PCM."""
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(pcm16(samples))
-    return buf.getvalue()
-
-
-ENCODERS = {"pcm": lambda samples, rate: pcm16(samples), "wav": wav}
-STREAMABLE = frozenset({"pcm"})
-
-
-def encode(fmt, samples, rate):
-    return ENCODERS[fmt](samples, rate)

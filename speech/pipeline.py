@@ -2,7 +2,8 @@
 
 Segments wait in a queue. Synthesis runs for the segment being delivered and for the next
 `LOOKAHEAD` ones at most (bounded look-ahead), each in its own producer task that feeds the
-segment's chunk queue. One delivery task sends segment k completely (audio.start, binary frames,
+segment's chunk queue, after the segment's time-stretch and resampling (`transforms.Chain`,
+off the event loop). One delivery task sends segment k completely (audio.start, binary frames,
 audio.done) before anything of segment k+1. Sentence indexes are given when a segment is
 announced, so dropped segments never use one up.
 """
@@ -17,9 +18,10 @@ from collections import deque
 
 import numpy as np
 
-from . import audio
+from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .engines import SynthesisRequest
 from .errors import SpeechError, bad_request, server_error
+from .transforms import Chain, plan_speed
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,8 @@ class Pipeline:
         self.on_crash = on_crash  # called when delivery itself failed (a bug, not an engine error)
         self.limiter = LeadLimiter(lead_s)
         self.rate = config.sample_rate
+        self.engine_rate = engine.capabilities.sample_rate
+        self.engine_speed, self.stretch = plan_speed(config.speed, engine.capabilities.speed_range)
         self.frame_samples = max(1, int(self.rate * FRAME_S))
         self.jobs: deque[Job] = deque()
         self.announced = 0  # sentence indexes given so far
@@ -111,10 +115,13 @@ class Pipeline:
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
-            request = SynthesisRequest(job.text, self.config.voice, self.config.speed, self.config.options)
+            request = SynthesisRequest(job.text, self.config.voice, self.engine_speed, self.config.options)
+            chain = Chain(self.engine_rate, self.rate, self.stretch)
             async with contextlib.aclosing(self.engine.stream(request)) as chunks:
                 async for chunk in chunks:
-                    job.chunks.put_nowait(chunk)
+                    job.chunks.put_nowait(chunk if chain.identity else await asyncio.to_thread(chain.process, chunk))
+            if not chain.identity:
+                job.chunks.put_nowait(await asyncio.to_thread(chain.flush))
         except SpeechError as exc:
             job.chunks.put_nowait(exc)
         except Exception:
@@ -163,29 +170,28 @@ class Pipeline:
         await asyncio.sleep(0)
 
     async def _deliver(self, job):
-        streaming = self.config.stream_audio
+        fmt, streaming = self.config.response_format, self.config.stream_audio
+        raw = RawEncoder(fmt, self.rate) if fmt in RAW_FORMATS else None
         collected = []
         failure = None
         while (item := await job.chunks.get()) is not _END:
             if isinstance(item, SpeechError):
                 failure = item
+            elif item.size == 0 or failure is not None:
                 continue
-            if item.size == 0:
-                continue
-            if not streaming:
+            elif not streaming:
                 collected.append(item)
-                continue
-            if not job.announced:
-                await self._start(job)
-            data, step = audio.pcm16(item), self.frame_samples * 2
-            for at in range(0, len(data), step):
-                frame = data[at: at + step]
-                await self._send_audio(job, frame, len(frame) / 2 / self.rate)
+            else:
+                failure = await self._stream(job, raw, item)
         if failure is None and collected:
             samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
-            data = audio.encode(self.config.response_format, samples, self.rate)
-            await self._start(job)
-            await self._send_audio(job, data, samples.size / self.rate)
+            try:
+                data = raw.encode(samples) if raw else await asyncio.to_thread(encode_file, fmt, samples, self.rate)
+            except EncodingError as exc:
+                failure = server_error(str(exc))
+            else:
+                await self._start(job)
+                await self._send_audio(job, data, samples.size / self.rate)
         if failure is not None or not job.announced:
             failure = failure or server_error("the engine produced no audio for this segment")
             partial = job.announced
@@ -196,6 +202,20 @@ class Pipeline:
                 extra["partial_audio"] = True
             await self.transport.send_json(failure.event(**extra))
         await self._done(job, error=failure is not None, cancelled=False)
+
+    async def _stream(self, job, encoder, samples):
+        """Send one chunk as raw frames of FRAME_S; an encoder failure is returned, not raised."""
+        try:
+            data = encoder.encode(samples)
+        except EncodingError as exc:
+            return server_error(str(exc))
+        if not job.announced:
+            await self._start(job)
+        step = self.frame_samples * encoder.bytes_per_sample
+        for at in range(0, len(data), step):
+            frame = data[at: at + step]
+            await self._send_audio(job, frame, len(frame) / encoder.bytes_per_sample / self.rate)
+        return None
 
     async def _done(self, job, *, error, cancelled):
         job.done_sent = True

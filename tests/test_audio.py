@@ -1,9 +1,6 @@
-"""speech.audio on plain numpy signals: trim_silence, normalise, pcm16, wav."""
+"""speech.audio on plain numpy signals: trim_silence, normalise, pcm16."""
 
 from __future__ import annotations
-
-import io
-import wave
 
 import numpy as np
 import pytest
@@ -185,28 +182,3 @@ def test_pcm16_clips(value, expected):
 
 def test_pcm16_empty():
     assert audio.pcm16(np.zeros(0, np.float32)) == b""
-
-
-@pytest.mark.parametrize("rate", [24000, 16000, 48000])
-def test_wav_parses(rate):
-    samples = tone(0.1, rate=rate)
-    data = audio.wav(samples, rate)
-    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE"
-    with wave.open(io.BytesIO(data)) as wav:
-        assert wav.getnchannels() == 1
-        assert wav.getsampwidth() == 2
-        assert wav.getframerate() == rate
-        assert wav.getnframes() == samples.size
-        assert wav.readframes(samples.size) == audio.pcm16(samples)
-
-
-def test_wav_empty_still_parses():
-    with wave.open(io.BytesIO(audio.wav(np.zeros(0, np.float32), RATE))) as wav:
-        assert wav.getnframes() == 0
-
-
-@pytest.mark.parametrize("fmt", ["pcm", "wav"])
-def test_encode_dispatches(fmt):
-    samples = tone(0.05)
-    expected = audio.pcm16(samples) if fmt == "pcm" else audio.wav(samples, RATE)
-    assert audio.encode(fmt, samples, RATE) == expected

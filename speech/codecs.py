@@ -1,0 +1,90 @@
+"""The audio encodings of the contract (§4), on FFmpeg's encoders through PyAV.
+
+Raw formats (`pcm`, `mulaw`, `alaw`) can stream: a `RawEncoder` turns each chunk into bytes on
+its own (G.711 is one byte a sample, no state). The others are one complete, independently
+decodable file per segment (`encode_file`): RIFF WAV, native FLAC, MP3, Ogg Opus, ADTS AAC.
+"""
+
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+
+from .audio import pcm16
+
+RAW_FORMATS = ("pcm", "mulaw", "alaw")
+# format -> (container, FFmpeg encoder)
+FILE_FORMATS = {
+    "wav": ("wav", "pcm_s16le"),
+    "flac": ("flac", "flac"),
+    "mp3": ("mp3", "libmp3lame"),
+    "opus": ("ogg", "libopus"),
+    "aac": ("adts", "aac"),
+}
+FORMATS = tuple(sorted(RAW_FORMATS + tuple(FILE_FORMATS)))
+OPUS_RATE = 48000  # Opus runs on a 48 kHz clock; decoders give 48 kHz whatever was put in
+_G711 = {"mulaw": "pcm_mulaw", "alaw": "pcm_alaw"}
+
+
+class EncodingError(Exception):
+    """An encoder refused a segment's audio."""
+
+
+def output_rate(fmt, requested):
+    """The rate a client really gets for this format and requested rate (what audio.start says)."""
+    return OPUS_RATE if fmt == "opus" else requested
+
+
+def _s16_frame(samples, rate):
+    data = np.frombuffer(pcm16(samples), "<i2")
+    frame = av.AudioFrame.from_ndarray(data[None, :], format="s16", layout="mono")
+    frame.sample_rate = rate
+    return frame
+
+
+class RawEncoder:
+    """Bytes of a raw stream, chunk by chunk: s16le for pcm, G.711 for mulaw/alaw."""
+
+    def __init__(self, fmt, rate):
+        if fmt not in RAW_FORMATS:
+            raise ValueError(f"{fmt} is not a raw format")
+        self.fmt = fmt
+        self.rate = rate
+        self.bytes_per_sample = 2 if fmt == "pcm" else 1
+        self._codec = None
+        if fmt in _G711:
+            self._codec = av.CodecContext.create(_G711[fmt], "w")
+            self._codec.sample_rate = rate
+            self._codec.layout = "mono"
+            self._codec.format = "s16"
+
+    def encode(self, samples):
+        if self._codec is None:
+            return pcm16(samples)
+        if samples.size == 0:
+            return b""
+        try:
+            return b"".join(bytes(packet) for packet in self._codec.encode(_s16_frame(samples, self.rate)))
+        except av.FFmpegError as exc:
+            raise EncodingError(f"{self.fmt} encoder failed: {exc}") from exc
+
+
+def encode_file(fmt, samples, rate):
+    """One complete file of `fmt` holding `samples` (float32 mono at `rate`)."""
+    container_format, codec = FILE_FORMATS[fmt]
+    buf = io.BytesIO()
+    try:
+        with av.open(buf, "w", format=container_format) as container:
+            stream = container.add_stream(codec, rate=rate, layout="mono")
+            # The encoder's own sample format (s16, s32p, fltp…), converted by FFmpeg's resampler
+            # at the same rate: a format change only.
+            convert = av.AudioResampler(format=stream.codec_context.format, layout="mono", rate=rate)
+            # Quantised to 16 bits first, as for pcm: every format carries the same samples.
+            for frame in (*convert.resample(_s16_frame(samples, rate)), *convert.resample(None)):
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode(None))
+    except av.FFmpegError as exc:
+        raise EncodingError(f"{fmt} encoder failed: {exc}") from exc
+    return buf.getvalue()
