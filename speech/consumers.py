@@ -6,13 +6,21 @@ the session's own tasks. `disconnect()` aborts all of the session's work.
 
 import asyncio
 import json
+import logging
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from . import auth, voices
+from .conf import conf
 from .engines import get_engine
+from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError
 from .protocol import Limits
 from .session import SpeechSession
+from .slots import Lease, get_slots
 
+
+logger = logging.getLogger(__name__)
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
 
@@ -22,6 +30,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         super().__init__(**kwargs)
         self.engine = engine
         self.session = None
+        self.lease = None
         self._open = False
 
     async def __call__(self, scope, receive, send):
@@ -42,10 +51,39 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def connect(self):
+        # Keys and slots are settled here, once: nothing touches the database per frame.
         await self.accept()
         self._open = True
-        self.session = SpeechSession(self, self.engine or get_engine(), Limits.from_settings())
+        self.session = SpeechSession(self, self.engine or get_engine(), Limits.from_settings(),
+                                     find_voice=database_sync_to_async(voices.find_voice))
+        if conf.REQUIRE_API_KEY:
+            key = await database_sync_to_async(auth.websocket_key)(self.scope)
+            if key is None:
+                await self.session.refuse(SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401,
+                                                      close_code=CLOSE_POLICY))
+                return
+            if not await self._take_slot(key):
+                await self.session.refuse(SpeechError(
+                    f"Too many concurrent sessions for this API key (limit {self._limit(key)})",
+                    error_type=RATE_LIMIT, code=429, close_code=CLOSE_CAPACITY))
+                return
         self.session.start()
+
+    @staticmethod
+    def _limit(key):
+        return key.max_sessions or conf.MAX_SESSIONS_PER_KEY
+
+    async def _take_slot(self, key):
+        slots = get_slots()
+        try:
+            taken = await slots.acquire(key.prefix, self.session.session_id, self._limit(key))
+        except Exception:  # Redis away: serve rather than refuse; the limit is not enforced meanwhile
+            logger.warning("session slots unavailable; per-key limit not enforced for this session")
+            return True
+        if taken:
+            self.lease = Lease(slots, key.prefix, self.session.session_id)
+            self.lease.start()
+        return taken
 
     async def receive(self, text_data=None, bytes_data=None):
         if text_data is not None:
@@ -57,6 +95,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self._open = False
         if self.session is not None:
             await self.session.aclose()
+        if self.lease is not None:
+            await self.lease.release()
 
     # -- the session's transport ---------------------------------------------------------------
     async def send_json(self, event):

@@ -115,7 +115,8 @@ class Pipeline:
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
-            request = SynthesisRequest(job.text, self.config.voice, self.engine_speed, self.config.options)
+            request = SynthesisRequest(job.text, self.config.voice, self.engine_speed, self.config.options,
+                                       self.config.reference)
             chain = Chain(self.engine_rate, self.rate, self.stretch)
             async with contextlib.aclosing(self.engine.stream(request)) as chunks:
                 async for chunk in chunks:

@@ -97,6 +97,7 @@ class SessionConfig:
     stream_audio: bool = False
     split_granularity: str = "sentence"
     options: dict[str, Any] = field(default_factory=dict)  # forwarded to the engine
+    reference: Any = None  # an uploaded voice (speech.voices.ReferenceVoice) for engines that clone
 
 
 def utf8_length_exceeds(text, limit):
@@ -134,8 +135,19 @@ def size_error(kind, limit, *, handshake=False):
     return SpeechError(f"{kind} WebSocket message exceeds {limit} bytes", close_code=CLOSE_TOO_BIG if handshake else None)
 
 
-def parse_config(payload, capabilities):
-    """session.config (nested or flat) -> SessionConfig for this engine; fatal SpeechError otherwise."""
+class UnknownVoice(SpeechError):
+    """Not a voice of the engine: the caller may look for an uploaded voice of that name."""
+
+    def __init__(self, requested, capabilities):
+        super().__init__(f"Unknown voice '{requested}'. Supported voices: {', '.join(capabilities.voices)}",
+                         param="voice", close_code=CLOSE_POLICY)
+        self.requested = requested
+
+
+def parse_config(payload, capabilities, reference=None):
+    """session.config (nested or flat) -> SessionConfig for this engine; fatal SpeechError otherwise.
+
+    `reference` is the uploaded voice found for a name that is not one of the engine's own."""
     raw = payload.get("session")
     if raw is None:
         raw = {key: value for key, value in payload.items() if key != "type"}
@@ -147,7 +159,7 @@ def parse_config(payload, capabilities):
             raise fatal(f"{key} must be {kind}", key)
 
     caps = capabilities
-    voice = _resolve_voice(present.get("voice", present.get("speaker")), caps)
+    voice = _resolve_voice(present.get("voice", present.get("speaker")), caps, reference)
 
     fmt = present.get("response_format", "pcm").strip().lower()
     if fmt not in FORMATS:
@@ -183,16 +195,21 @@ def parse_config(payload, capabilities):
         stream_audio=stream_audio,
         split_granularity=granularity,
         options={key: present[key] for key in FORWARDED if key in present},
+        reference=reference,
     )
 
 
-def _resolve_voice(requested, caps):
+def _resolve_voice(requested, caps, reference):
     if requested is None or requested.strip().lower() == "default":
         return caps.default_voice
     for name in caps.voices:
         if name.lower() == requested.strip().lower():
             return name
-    raise fatal(f"Unknown voice '{requested}'. Supported voices: {', '.join(caps.voices)}", "voice")
+    if reference is None:
+        raise UnknownVoice(requested, caps)
+    if not caps.reference_audio:
+        raise fatal(f"voice '{requested}' needs an engine with reference audio; engine '{caps.name}' has none", "voice")
+    return reference.name
 
 
 def configured_event(session_id, config, capabilities, limits):

@@ -27,7 +27,7 @@ from .errors import (
     fatal,
 )
 from .pipeline import Pipeline
-from .protocol import configured_event, parse_config, parse_message, size_error, utf8_length_exceeds
+from .protocol import UnknownVoice, configured_event, parse_config, parse_message, size_error, utf8_length_exceeds
 from .segmenter import Segmenter
 
 logger = logging.getLogger(__name__)
@@ -53,12 +53,13 @@ def new_session_id():
 
 
 class SpeechSession:
-    def __init__(self, transport, engine, limits, *, session_id=None, lead_s=None):
+    def __init__(self, transport, engine, limits, *, session_id=None, lead_s=None, find_voice=None):
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.session_id = session_id or new_session_id()
         self.lead_s = conf.MAX_LEAD_S if lead_s is None else lead_s
+        self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
         self.state = State.AWAITING_CONFIG
         self.config = None
         self.segmenter = None
@@ -74,6 +75,10 @@ class SpeechSession:
     def start(self):
         """Call once the socket is accepted: the session.config wait begins."""
         self._arm(self.limits.config_timeout_s, fatal("session.config was not received before timeout"))
+
+    async def refuse(self, error):
+        """End the session before it starts (authentication, capacity): the error, then its close code."""
+        await self._report(error)
 
     async def terminate(self, message):
         """The server ends the session: an error event, close 4001, all work aborted."""
@@ -132,7 +137,13 @@ class SpeechSession:
             payload = parse_message(raw, handshake=True)
         if payload.get("type") != "session.config":
             raise fatal("first WebSocket message must be session.config", "type")
-        self.config = parse_config(payload, self.engine.capabilities)
+        try:
+            self.config = parse_config(payload, self.engine.capabilities)
+        except UnknownVoice as unknown:
+            reference = await self.find_voice(unknown.requested) if self.find_voice else None
+            if reference is None:
+                raise
+            self.config = parse_config(payload, self.engine.capabilities, reference)
         self.segmenter = Segmenter(self.config.split_granularity)
         self.pipeline = Pipeline(
             engine=self.engine,

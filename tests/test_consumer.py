@@ -19,6 +19,9 @@ from speech.consumers import SpeechStreamConsumer
 from speech.engines.fake import FakeEngine
 from speech.origin import origin_policy
 
+# The handshake looks uploaded voices up in the database (from the consumer's DB thread).
+pytestmark = pytest.mark.django_db(transaction=True)
+
 PATH = "/v1/audio/speech/stream"
 HANG_GUARD_S = 5
 

@@ -31,6 +31,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -87,6 +88,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# daphne serves no static files: WhiteNoise serves the admin's, straight from the apps.
+WHITENOISE_USE_FINDERS = True
 MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "media")
 MEDIA_URL = "media/"
 
@@ -113,6 +116,13 @@ SPEECH_MAX_SEGMENT_CHARS = env.int("SPEECH_MAX_SEGMENT_CHARS", default=4096)
 SPEECH_MAX_LEAD_S = env.float("SPEECH_MAX_LEAD_S", default=20.0)
 SPEECH_ALLOWED_ORIGINS = env.list("SPEECH_ALLOWED_ORIGINS", default=[])
 SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
+SPEECH_REQUIRE_API_KEY = env.bool("SPEECH_REQUIRE_API_KEY", default=False)
+SPEECH_MAX_SESSIONS_PER_KEY = env.int("SPEECH_MAX_SESSIONS_PER_KEY", default=8)
+
+# Voice uploads are at most 10 MiB (speech/voices.py); larger request bodies are refused with
+# 413 before they are read, and file parts go to a temporary file rather than memory.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 
 # `python manage.py test` hands over to pytest, so both ways run the same suite.
 TEST_RUNNER = "ttsproject.testrunner.PytestTestRunner"

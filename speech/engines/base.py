@@ -35,6 +35,7 @@ class SynthesisRequest:
     voice: str
     speed: float = 1.0
     options: Mapping[str, Any] = field(default_factory=dict)  # model, language, seed, temperature, …
+    reference: Any = None  # speech.voices.ReferenceVoice: audio + transcript, for engines that clone
 
 
 class EngineError(SpeechError):

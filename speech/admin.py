@@ -1,0 +1,139 @@
+"""Admin: reference voices (list, player, checked upload, deactivate, delete) and API keys."""
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import FileResponse, Http404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from . import voices
+from .models import ApiKey, Voice
+
+
+class VoiceUploadForm(forms.ModelForm):
+    audio_sample = forms.FileField(help_text="wav, flac, mp3, ogg, m4a or webm; 1–30 s; at most 10 MiB.")
+
+    class Meta:
+        model = Voice
+        fields = ["name", "consent", "transcript", "language", "is_active"]
+
+    def clean(self):
+        cleaned = super().clean()
+        sample = cleaned.get("audio_sample")
+        if sample is None:
+            return cleaned
+        if sample.size > voices.MAX_UPLOAD_BYTES:
+            raise forms.ValidationError({"audio_sample": "The file is larger than 10 MiB."})
+        data = sample.read()
+        try:
+            voices.check_name(cleaned.get("name", ""))
+        except voices.VoiceError as exc:
+            self.add_error("name", str(exc))
+        try:
+            facts = voices.inspect_audio(data)
+            voices.check_claims(facts, sample.name, sample.content_type)
+        except voices.VoiceError as exc:
+            self.add_error("audio_sample", str(exc))
+        cleaned["audio_bytes"] = data
+        return cleaned
+
+
+class VoiceEditForm(forms.ModelForm):
+    class Meta:
+        model = Voice
+        fields = ["consent", "transcript", "language", "is_active"]
+
+
+@admin.register(Voice)
+class VoiceAdmin(admin.ModelAdmin):
+    list_display = ["name", "duration_s", "sample_rate", "container", "is_active", "created_at", "player"]
+    list_filter = ["is_active", "container"]
+    search_fields = ["name", "transcript"]
+    readonly_fields = ["name", "container", "sample_rate", "duration_s", "sha256", "created_at", "created_by", "player"]
+    actions = ["deactivate", "activate"]
+
+    def get_form(self, request, obj=None, **kwargs):
+        kwargs["form"] = VoiceEditForm if obj else VoiceUploadForm
+        return super().get_form(request, obj, **kwargs)
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.readonly_fields if obj else []
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["name", "consent", "transcript", "language", "is_active", "audio_sample"]
+        return ["name", "player", "consent", "transcript", "language", "is_active", "container", "sample_rate",
+                "duration_s", "sha256", "created_at", "created_by"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        data = form.cleaned_data
+        try:
+            voice = voices.create_voice(
+                name=data["name"], consent=data["consent"], data=data["audio_bytes"],
+                filename=data["audio_sample"].name, content_type=data["audio_sample"].content_type,
+                transcript=data.get("transcript", ""), language=data.get("language", ""),
+                created_by=request.user.get_username())
+        except voices.VoiceError as exc:  # lost a race with another upload of the same name
+            raise forms.ValidationError(str(exc)) from exc
+        if not data.get("is_active", True):
+            Voice.objects.filter(pk=voice.pk).update(is_active=False)
+        obj.pk, obj.id = voice.pk, voice.pk
+
+    def delete_model(self, request, obj):
+        voices.delete_voice(obj)
+
+    def delete_queryset(self, request, queryset):
+        for voice in queryset:
+            voices.delete_voice(voice)
+
+    @admin.display(description="listen")
+    def player(self, obj):
+        url = reverse("admin:speech_voice_audio", args=[obj.pk])
+        return format_html('<audio controls preload="none" src="{}"></audio>', url)
+
+    @admin.action(description="Deactivate selected voices")
+    def deactivate(self, request, queryset):
+        count = queryset.update(is_active=False)
+        self.message_user(request, f"{count} voice(s) deactivated.", messages.SUCCESS)
+
+    @admin.action(description="Activate selected voices")
+    def activate(self, request, queryset):
+        count = queryset.update(is_active=True)
+        self.message_user(request, f"{count} voice(s) activated.", messages.SUCCESS)
+
+    def get_urls(self):
+        audio = path("<int:pk>/audio/", self.admin_site.admin_view(self.audio_view), name="speech_voice_audio")
+        return [audio, *super().get_urls()]
+
+    def audio_view(self, request, pk):
+        voice = Voice.objects.filter(pk=pk).first()
+        if voice is None or not self.has_view_permission(request, voice):
+            raise Http404
+        content_type = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg",
+                        "m4a": "audio/mp4", "webm": "audio/webm"}[voice.container]
+        return FileResponse(voice.audio.open("rb"), content_type=content_type)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "prefix", "max_sessions", "created_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    fields = ["name", "max_sessions"]
+    actions = ["revoke"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        key, secret = ApiKey.issue(obj.name, max_sessions=obj.max_sessions)
+        obj.pk, obj.id = key.pk, key.pk
+        self.message_user(request, format_html(
+            "API key created: <code>{}</code>. Copy it now: it is stored hashed and will not be shown again.",
+            secret), messages.SUCCESS)
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request, queryset):
+        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"{count} key(s) revoked.", messages.SUCCESS)

@@ -1,0 +1,128 @@
+"""REST endpoints: reference voices (sglang-omni compatible) and browser tokens.
+
+Errors use the contract's envelope `{"error": {"message", "type", "param", "code"}}` (§8). With
+SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from django.core.files.uploadhandler import FileUploadHandler, StopUpload
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods
+
+from . import auth, voices
+from .conf import conf
+from .engines import get_engine
+from .errors import BAD_REQUEST
+from .models import Voice
+
+MULTIPART_SLACK = 64 * 1024  # room for the form's other fields and boundaries
+
+
+def error(status, message, *, type=BAD_REQUEST, param=None):
+    return JsonResponse({"error": {"message": message, "type": type, "param": param, "code": status}}, status=status)
+
+
+def too_large():
+    return error(413, "audio_sample is larger than 10 MiB", param="audio_sample")
+
+
+def api_view(*methods, key_required=None):
+    """CSRF-exempt JSON view for `methods`; checks the API key when keys are required."""
+
+    def wrap(view):
+        @csrf_exempt
+        @require_http_methods(methods)
+        @functools.wraps(view)
+        def checked(request, *args, **kwargs):
+            required = conf.REQUIRE_API_KEY if key_required is None else key_required
+            request.api_key = auth.key_for(auth.bearer(request.META))
+            if required and request.api_key is None:
+                return error(401, auth.AUTH_FAILED, type="authentication_error")
+            return view(request, *args, **kwargs)
+
+        return checked
+
+    return wrap
+
+
+def _describe(voice):
+    return {"id": voice.name, "name": voice.name, "object": "voice", "type": "uploaded", "language": voice.language,
+            "ref_text": voice.transcript, "sample_rate": voice.sample_rate, "duration_s": voice.duration_s,
+            "created_at": int(voice.created_at.timestamp())}
+
+
+class _LimitedUpload(FileUploadHandler):
+    """Stops reading a request body (even one without Content-Length) once it passes the limit."""
+
+    def __init__(self, request, limit):
+        super().__init__(request)
+        self.limit, self.seen = limit, 0
+        request.upload_too_large = False
+
+    def receive_data_chunk(self, raw_data, start):
+        self.seen += len(raw_data)
+        if self.seen > self.limit:
+            self.request.upload_too_large = True
+            raise StopUpload(connection_reset=True)
+        return raw_data
+
+    def file_complete(self, file_size):
+        return None
+
+
+@api_view("GET", "POST")
+def voice_list(request):
+    if request.method == "GET":
+        caps = get_engine().capabilities
+        engine_voices = [{"id": v, "name": v, "object": "voice", "type": "builtin"} for v in caps.voices]
+        uploaded = [_describe(v) for v in Voice.objects.filter(is_active=True)]
+        data = engine_voices + uploaded
+        return JsonResponse({"object": "list", "data": data, "voices": [v["name"] for v in data]})
+    return _upload(request)
+
+
+def _upload(request):
+    length = request.META.get("CONTENT_LENGTH") or ""
+    if length.isdigit() and int(length) > voices.MAX_UPLOAD_BYTES + MULTIPART_SLACK:
+        return too_large()  # refused before a byte of the body is read
+    request.upload_handlers.insert(0, _LimitedUpload(request, voices.MAX_UPLOAD_BYTES + MULTIPART_SLACK))
+    post, files = request.POST, request.FILES
+    if request.upload_too_large:
+        return too_large()
+    sample = files.get("audio_sample")
+    if sample is None:
+        return error(400, "audio_sample is required (multipart file)", param="audio_sample")
+    if sample.size > voices.MAX_UPLOAD_BYTES:
+        return too_large()
+    try:
+        voice = voices.create_voice(
+            name=post.get("name", ""), consent=post.get("consent", ""), data=sample.read(),
+            filename=sample.name or "", content_type=sample.content_type or "",
+            transcript=post.get("ref_text", ""), language=post.get("language", ""),
+            created_by=request.api_key.prefix if request.api_key else "rest")
+    except voices.VoiceError as exc:
+        return error(400, str(exc), param=exc.param)
+    return JsonResponse(_describe(voice), status=201)
+
+
+@api_view("DELETE")
+def voice_detail(request, name):
+    voice = Voice.objects.filter(name__iexact=name).first()
+    if voice is None:
+        return error(404, f"voice '{name}' not found", type="not_found_error", param="name")
+    voices.delete_voice(voice)
+    return JsonResponse({"id": voice.name, "object": "voice", "deleted": True})
+
+
+@api_view("POST", key_required=True)
+def speech_tokens(request):
+    token, expires_in = auth.issue_token(request.api_key)
+    return JsonResponse({"token": token, "expires_in": expires_in}, status=201)
+
+
+def not_found(request, exception=None):
+    return error(404, "not found", type="not_found_error")

@@ -1,0 +1,90 @@
+"""Reference voices and API keys (the session registry arrives with the control plane)."""
+
+import hashlib
+import secrets
+import uuid
+
+from django.db import models
+from django.db.models.functions import Lower
+from django.utils import timezone
+
+KEY_PREFIX = "tts_"
+
+
+def voice_upload_path(instance, filename):
+    """Storage name of a reference: a fresh random name; nothing the client sent becomes a path."""
+    return f"voices/{uuid.uuid4().hex}.{instance.container}"
+
+
+class Voice(models.Model):
+    CONTAINERS = [(c, c) for c in ("wav", "flac", "mp3", "ogg", "m4a", "webm")]
+
+    name = models.CharField(max_length=64, help_text="Letters, digits, '.', '_' and '-'; unique ignoring case.")
+    consent = models.TextField(help_text="The speaker's consent to this use of their voice.")
+    transcript = models.TextField(blank=True, help_text="What is said in the reference (improves cloning).")
+    language = models.CharField(max_length=32, blank=True)
+    audio = models.FileField(upload_to=voice_upload_path)
+    container = models.CharField(max_length=8, choices=CONTAINERS, editable=False)
+    sample_rate = models.PositiveIntegerField(editable=False)
+    duration_s = models.FloatField("duration (s)", editable=False)
+    sha256 = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    created_by = models.CharField(max_length=150, blank=True, editable=False)
+    is_active = models.BooleanField("active", default=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(Lower("name"), name="speech_voice_name_ci_unique")]
+
+    def __str__(self):
+        return self.name
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def live(self):
+        return self.filter(revoked_at__isnull=True)
+
+
+class ApiKey(models.Model):
+    """A client's key. Only a hash is stored; the key itself is shown once, when created."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    hashed = models.CharField(max_length=64, editable=False)
+    max_sessions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Concurrent sessions across all instances; empty: SPEECH_MAX_SESSIONS_PER_KEY.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def digest(secret):
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, name, **fields):
+        """Create a key; returns (ApiKey, the key in clear text, to be shown once)."""
+        prefix = KEY_PREFIX + secrets.token_hex(4)
+        secret = f"{prefix}.{secrets.token_urlsafe(32)}"
+        return cls.objects.create(name=name, prefix=prefix, hashed=cls.digest(secret), **fields), secret
+
+    @property
+    def revoked(self):
+        return self.revoked_at is not None
+
+
+class AccessToken(models.Model):
+    """A short-lived, single-use credential for browsers (`?token=` on the WebSocket)."""
+
+    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="tokens")
+    hashed = models.CharField(max_length=64, unique=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
