@@ -2,13 +2,14 @@
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import voices
-from .models import ApiKey, Voice
+from . import signals, voices
+from .models import ApiKey, SessionRecord, Voice
 
 
 class VoiceUploadForm(forms.ModelForm):
@@ -68,7 +69,10 @@ class VoiceAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
-            return super().save_model(request, obj, form, change)
+            super().save_model(request, obj, form, change)
+            if "is_active" in form.changed_data and not obj.is_active:
+                transaction.on_commit(lambda: voices.end_sessions_using(obj.name))
+            return
         data = form.cleaned_data
         try:
             voice = voices.create_voice(
@@ -94,9 +98,9 @@ class VoiceAdmin(admin.ModelAdmin):
         url = reverse("admin:speech_voice_audio", args=[obj.pk])
         return format_html('<audio controls preload="none" src="{}"></audio>', url)
 
-    @admin.action(description="Deactivate selected voices")
+    @admin.action(description="Deactivate selected voices (ends the sessions using them)")
     def deactivate(self, request, queryset):
-        count = queryset.update(is_active=False)
+        count = voices.deactivate_voices(queryset)
         self.message_user(request, f"{count} voice(s) deactivated.", messages.SUCCESS)
 
     @admin.action(description="Activate selected voices")
@@ -137,3 +141,36 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset):
         count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.message_user(request, f"{count} key(s) revoked.", messages.SUCCESS)
+
+
+@admin.register(SessionRecord)
+class SessionRecordAdmin(admin.ModelAdmin):
+    list_display = ["session_id", "status", "instance", "voice", "engine", "api_key", "started_at", "ended_at",
+                    "segments", "bytes_sent", "first_audio_ms"]
+    list_filter = ["status", "engine", "instance"]
+    search_fields = ["session_id", "voice"]
+    actions = ["cancel_speech", "terminate"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def _signal(self, request, queryset, kind):
+        live = list(queryset.filter(status=SessionRecord.ACTIVE).values_list("session_id", flat=True))
+        try:
+            for session_id in live:
+                signals.get_bus().publish(signals.signal(kind, session_id))
+        except signals.SignalsUnavailable as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return
+        self.message_user(request, f"Sent {kind} to {len(live)} live session(s).", messages.SUCCESS)
+
+    @admin.action(description="Cancel current speech", permissions=["view"])
+    def cancel_speech(self, request, queryset):
+        self._signal(request, queryset, signals.CANCEL)
+
+    @admin.action(description="Terminate", permissions=["view"])
+    def terminate(self, request, queryset):
+        self._signal(request, queryset, signals.TERMINATE)

@@ -1,4 +1,4 @@
-"""REST endpoints: reference voices (sglang-omni compatible) and browser tokens.
+"""REST endpoints: reference voices (sglang-omni compatible), browser tokens, session control.
 
 Errors use the contract's envelope `{"error": {"message", "type", "param", "code"}}` (§8). With
 SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
@@ -13,10 +13,10 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from . import auth, voices
+from . import auth, registry, signals, voices
 from .conf import conf
 from .engines import get_engine
-from .errors import BAD_REQUEST
+from .errors import BAD_REQUEST, SERVER_ERROR
 from .models import Voice
 
 MULTIPART_SLACK = 64 * 1024  # room for the form's other fields and boundaries
@@ -126,3 +126,24 @@ def speech_tokens(request):
 
 def not_found(request, exception=None):
     return error(404, "not found", type="not_found_error")
+
+
+def _signal(request, session_id, kind):
+    record = registry.live_session(session_id, request.api_key if conf.REQUIRE_API_KEY else None)
+    if record is None:
+        return error(404, f"no live session '{session_id}'", type="not_found_error", param="session_id")
+    try:
+        signals.get_bus().publish(signals.signal(kind, session_id))
+    except signals.SignalsUnavailable as exc:
+        return error(503, str(exc), type=SERVER_ERROR)
+    return JsonResponse({"session_id": session_id, "signal": kind, "status": "accepted"}, status=202)
+
+
+@api_view("POST")
+def session_cancel(request, session_id):
+    return _signal(request, session_id, signals.CANCEL)
+
+
+@api_view("DELETE")
+def session_terminate(request, session_id):
+    return _signal(request, session_id, signals.TERMINATE)

@@ -11,12 +11,13 @@ import logging
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import auth, voices
+from . import auth, registry, voices
 from .conf import conf
 from .engines import get_engine
 from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError
 from .protocol import Limits
 from .session import SpeechSession
+from .signals import get_bus
 from .slots import Lease, get_slots
 
 
@@ -30,8 +31,11 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         super().__init__(**kwargs)
         self.engine = engine
         self.session = None
+        self.api_key = None
         self.lease = None
+        self.registered = False
         self._open = False
+        self._signal_tasks = set()
 
     async def __call__(self, scope, receive, send):
         try:
@@ -40,6 +44,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             # The server is stopping (daphne cancels every application on SIGTERM).
             if self.session is not None:
                 await self.session.terminate(SHUTDOWN_MESSAGE)
+                await self._ended()
             raise
 
     async def dispatch(self, message):
@@ -55,9 +60,10 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self._open = True
         self.session = SpeechSession(self, self.engine or get_engine(), Limits.from_settings(),
-                                     find_voice=database_sync_to_async(voices.find_voice))
+                                     find_voice=database_sync_to_async(voices.find_voice),
+                                     on_configured=self._register)
         if conf.REQUIRE_API_KEY:
-            key = await database_sync_to_async(auth.websocket_key)(self.scope)
+            key = self.api_key = await database_sync_to_async(auth.websocket_key)(self.scope)
             if key is None:
                 await self.session.refuse(SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401,
                                                       close_code=CLOSE_POLICY))
@@ -94,9 +100,39 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         self._open = False
         if self.session is not None:
-            await self.session.aclose()
+            await self._ended()
+
+    # -- registry and control signals ----------------------------------------------------------
+    async def _register(self, session):
+        """session.configured is about to go out: record the session, listen for its signals."""
+        await database_sync_to_async(registry.opened)(
+            session.session_id, voice=session.config.voice, engine=session.engine.capabilities.name,
+            api_key=self.api_key)
+        self.registered = True
+        await get_bus().subscribe(session.session_id, self._on_signal)
+
+    def _on_signal(self, message):
+        task = asyncio.create_task(self.session.handle_signal(message))
+        self._signal_tasks.add(task)
+        task.add_done_callback(self._signal_tasks.discard)
+
+    async def _ended(self):
+        session = self.session
+        get_bus().unregister(session.session_id)
+        pending = [task for task in self._signal_tasks if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await session.aclose()
         if self.lease is not None:
             await self.lease.release()
+            self.lease = None
+        if self.registered:
+            self.registered = False
+            pipeline = session.pipeline
+            await database_sync_to_async(registry.closed)(
+                session.session_id, status=session.outcome, segments=pipeline.announced,
+                bytes_sent=pipeline.bytes_sent, first_audio_s=pipeline.first_audio_s)
 
     # -- the session's transport ---------------------------------------------------------------
     async def send_json(self, event):

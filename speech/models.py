@@ -88,3 +88,29 @@ class AccessToken(models.Model):
     hashed = models.CharField(max_length=64, unique=True)
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
+
+
+class SessionRecord(models.Model):
+    """One WebSocket session, as the registry knows it: written when it starts and when it ends."""
+
+    ACTIVE, COMPLETED, CANCELLED, TERMINATED, FAILED = "active", "completed", "cancelled", "terminated", "failed"
+    STATUSES = [(s, s) for s in (ACTIVE, COMPLETED, CANCELLED, TERMINATED, FAILED)]
+
+    session_id = models.CharField(max_length=64, primary_key=True)
+    instance = models.CharField(max_length=255, db_index=True)
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
+    voice = models.CharField(max_length=64)
+    engine = models.CharField(max_length=32)
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=12, choices=STATUSES, default=ACTIVE, db_index=True)
+    segments = models.PositiveIntegerField(default=0)
+    bytes_sent = models.PositiveBigIntegerField("bytes", default=0)
+    first_audio_ms = models.FloatField("first audio (ms)", null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        verbose_name = "session"
+
+    def __str__(self):
+        return self.session_id

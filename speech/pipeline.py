@@ -31,10 +31,11 @@ _END = object()
 
 
 class Job:
-    __slots__ = ("text", "chunks", "producer", "index", "announced", "bytes_sent", "done_sent")
+    __slots__ = ("text", "chunks", "producer", "index", "announced", "bytes_sent", "done_sent", "queued_at")
 
     def __init__(self, text):
         self.text = text
+        self.queued_at = time.monotonic()
         self.chunks = asyncio.Queue()
         self.producer = None
         self.index = None
@@ -83,6 +84,8 @@ class Pipeline:
         self.jobs: deque[Job] = deque()
         self.announced = 0  # sentence indexes given so far
         self.queued_chars = 0  # text of segments whose synthesis has not started
+        self.bytes_sent = 0  # audio bytes of the whole session
+        self.first_audio_s = None  # the session's first segment: queued -> first audio frame sent
         self._delivery = None
 
     @property
@@ -166,6 +169,9 @@ class Pipeline:
         await self.limiter.spend(seconds)
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
+        self.bytes_sent += len(data)
+        if self.first_audio_s is None:
+            self.first_audio_s = time.monotonic() - job.queued_at
         # Let the loop run: the server writes this frame to the socket now instead of after the
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
         await asyncio.sleep(0)

@@ -4,7 +4,8 @@ On SIGTERM daphne cancels every application before the reactor stops, so that se
 cleanly. Its own `kill_all_applications` indexes `details["application_instance"]`, which is
 missing for a connection whose application has finished or not started yet (an HTTP keep-alive,
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
-sessions still running. This version skips such connections.
+sessions still running. This version skips such connections, waits for every session to end
+(each sends its error event and closes 4001, see consumers.py), then stops the signal listener.
 """
 
 import asyncio
@@ -13,6 +14,8 @@ import logging
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import defer
+
+from .signals import get_bus
 
 logger = logging.getLogger(__name__)
 
@@ -28,9 +31,14 @@ class SpeechServer(Server):
         for instance in live:
             instance.cancel()
         logger.info("Stopping %i application instances", len(live))
-        waiting = defer.Deferred.fromFuture(asyncio.gather(*live, return_exceptions=True))
+        waiting = defer.Deferred.fromFuture(asyncio.ensure_future(self._stop(live)))
         waiting.addErrback(lambda _failure: None)
         return waiting
+
+    @staticmethod
+    async def _stop(applications):
+        await asyncio.gather(*applications, return_exceptions=True)
+        await get_bus().stop()  # no task may be left pending when the interpreter exits
 
 
 class SpeechCommandLine(CommandLineInterface):

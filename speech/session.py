@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 import uuid
 from typing import Protocol
 
@@ -48,18 +49,25 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+OUTCOME_COMPLETED, OUTCOME_CANCELLED, OUTCOME_TERMINATED, OUTCOME_FAILED = "completed", "cancelled", "terminated", "failed"
+TERMINATED_MESSAGE = "speech session terminated by the server"
+
+
 def new_session_id():
     return f"speech_ws_{uuid.uuid4().hex}"
 
 
 class SpeechSession:
-    def __init__(self, transport, engine, limits, *, session_id=None, lead_s=None, find_voice=None):
+    def __init__(self, transport, engine, limits, *, session_id=None, lead_s=None, find_voice=None,
+                 on_configured=None):
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.session_id = session_id or new_session_id()
         self.lead_s = conf.MAX_LEAD_S if lead_s is None else lead_s
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
+        self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
+        self.outcome = None  # how it ended: completed, cancelled (client left), terminated, failed
         self.state = State.AWAITING_CONFIG
         self.config = None
         self.segmenter = None
@@ -70,6 +78,8 @@ class SpeechSession:
         self._commits = 0
         self._finishing = False
         self._high_surrogate = ""
+        self._lock = asyncio.Lock()  # client frames and control signals take turns
+        self._utterance_started = 0.0  # wall time the current run of speech began
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self):
@@ -83,11 +93,13 @@ class SpeechSession:
     async def terminate(self, message):
         """The server ends the session: an error event, close 4001, all work aborted."""
         if self.state is not State.CLOSED:
+            self.outcome = self.outcome or OUTCOME_TERMINATED
             await self._report(SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED))
         await self.aclose()
 
     async def aclose(self):
         """The client disconnected (or the server is done): abort all work, send nothing more."""
+        self.outcome = self.outcome or OUTCOME_CANCELLED
         self.state = State.CLOSED
         self.closed.set()
         self._disarm()
@@ -101,31 +113,51 @@ class SpeechSession:
 
     # -- client frames -------------------------------------------------------------------------
     async def receive_text(self, raw):
-        if self.state is State.CLOSED:
-            return
-        self._disarm()
-        try:
-            if self.state is State.AWAITING_CONFIG:
-                await self._configure(raw)
-            else:
-                await self._handle(raw)
-        except SpeechError as exc:
-            await self._report(exc)
-        self._arm_idle()
+        async with self._lock:
+            if self.state is State.CLOSED:
+                return
+            self._disarm()
+            try:
+                if self.state is State.AWAITING_CONFIG:
+                    await self._configure(raw)
+                else:
+                    await self._handle(raw)
+            except SpeechError as exc:
+                await self._report(exc)
+            self._arm_idle()
 
     async def receive_bytes(self, data):
-        if self.state is State.CLOSED:
-            return
-        self._disarm()
-        handshake = self.state is State.AWAITING_CONFIG
-        limit = self.limits.max_config_bytes if handshake else self.limits.max_message_bytes
-        if len(data) > limit:
-            error = size_error("session" if handshake else "text", limit, handshake=handshake)
-        else:
-            error = SpeechError("speech WebSocket client messages must be text frames",
-                                close_code=CLOSE_POLICY if handshake else None)
-        await self._report(error)
-        self._arm_idle()
+        async with self._lock:
+            if self.state is State.CLOSED:
+                return
+            self._disarm()
+            handshake = self.state is State.AWAITING_CONFIG
+            limit = self.limits.max_config_bytes if handshake else self.limits.max_message_bytes
+            if len(data) > limit:
+                error = size_error("session" if handshake else "text", limit, handshake=handshake)
+            else:
+                error = SpeechError("speech WebSocket client messages must be text frames",
+                                    close_code=CLOSE_POLICY if handshake else None)
+            await self._report(error)
+            self._arm_idle()
+
+    # -- control signals (speech.signals) --------------------------------------------------------
+    async def handle_signal(self, message):
+        """A cancel or terminate from the control plane, possibly sent from another instance."""
+        async with self._lock:
+            if self.state in (State.CLOSED, State.AWAITING_CONFIG):
+                return
+            if message.get("kind") == "terminate":
+                await self.terminate(message.get("reason") or TERMINATED_MESSAGE)
+            elif message.get("kind") == "cancel" and self._speaking(message.get("issued_at", 0.0)):
+                await self._on_cancel({}, origin="server")
+                self._arm_idle()
+
+    def _speaking(self, issued_at):
+        """A cancel is for the speech under way when it was sent; one that arrives after that
+        speech has finished, or that was sent before the current speech began, is ignored."""
+        busy = self.pipeline.busy or self.segmenter.pending_chars > 0
+        return busy and issued_at >= self._utterance_started
 
     async def _configure(self, raw):
         limit = self.limits.max_config_bytes
@@ -156,6 +188,8 @@ class SpeechSession:
             on_crash=self._on_pipeline_crash,
         )
         self.state = State.ACTIVE
+        if self.on_configured is not None:
+            await self.on_configured(self)
         await self.transport.send_json(
             configured_event(self.session_id, self.config, self.engine.capabilities, self.limits))
 
@@ -220,6 +254,8 @@ class SpeechSession:
             self._on_pipeline_idle()
 
     def _enqueue(self, segments):
+        if segments and not self.pipeline.busy:
+            self._utterance_started = time.time()
         for segment in segments:
             self.pipeline.enqueue(segment)
 
@@ -227,6 +263,7 @@ class SpeechSession:
     async def _finish(self):
         if self.state is not State.DRAINING:
             return
+        self.outcome = OUTCOME_COMPLETED
         await self.transport.send_json(
             {"type": "session.done", "session_id": self.session_id, "total_sentences": self.pipeline.total_sentences})
         await self._close(CLOSE_NORMAL)
@@ -235,6 +272,7 @@ class SpeechSession:
         if not error.fatal:
             await self.transport.send_json(error.event())
             return
+        self.outcome = self.outcome or OUTCOME_FAILED
         self.state = State.CLOSED
         self._disarm()
         if self.pipeline is not None:

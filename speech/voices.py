@@ -9,6 +9,7 @@ Django's storage API under a random name, and the row and the file appear togeth
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 
@@ -17,8 +18,12 @@ import numpy as np
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 
+from . import registry, signals
 from .models import Voice
 
+logger = logging.getLogger(__name__)
+
+VOICE_REMOVED = "speech session terminated: its voice '{}' was removed"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 MIN_SECONDS, MAX_SECONDS = 1.0, 30.0
 SILENCE_PEAK = 0.01  # -40 dBFS: quieter than this throughout is silence
@@ -180,10 +185,29 @@ def create_voice(*, name, consent, data, filename="", content_type="", transcrip
 
 
 def delete_voice(voice):
-    """Row first, then the file once the row is gone for good."""
-    storage, path = voice.audio.storage, voice.audio.name
+    """Row first, then the file once the row is gone for good; sessions using it are ended."""
+    storage, path, name = voice.audio.storage, voice.audio.name, voice.name
     voice.delete()
     transaction.on_commit(lambda: storage.delete(path))
+    transaction.on_commit(lambda: end_sessions_using(name))
+
+
+def deactivate_voices(queryset):
+    """Make voices unusable for new sessions and end the sessions using them."""
+    names = list(queryset.filter(is_active=True).values_list("name", flat=True))
+    queryset.update(is_active=False)
+    for name in names:
+        transaction.on_commit(lambda name=name: end_sessions_using(name))
+    return len(names)
+
+
+def end_sessions_using(name):
+    """Terminate every live session (on any instance) that speaks with this voice."""
+    for session_id in registry.sessions_using_voice(name):
+        try:
+            signals.get_bus().publish(signals.signal(signals.TERMINATE, session_id, VOICE_REMOVED.format(name)))
+        except signals.SignalsUnavailable:
+            logger.warning("could not end session %s: signals are unavailable", session_id)
 
 
 def find_voice(name):

@@ -118,6 +118,7 @@ SPEECH_ALLOWED_ORIGINS = env.list("SPEECH_ALLOWED_ORIGINS", default=[])
 SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
 SPEECH_REQUIRE_API_KEY = env.bool("SPEECH_REQUIRE_API_KEY", default=False)
 SPEECH_MAX_SESSIONS_PER_KEY = env.int("SPEECH_MAX_SESSIONS_PER_KEY", default=8)
+SPEECH_INSTANCE_ID = env.str("SPEECH_INSTANCE_ID", default="")  # registry label; default host:pid
 
 # Voice uploads are at most 10 MiB (speech/voices.py); larger request bodies are refused with
 # 413 before they are read, and file parts go to a temporary file rather than memory.

@@ -9,6 +9,8 @@ urlpatterns = [
     path("v1/audio/voices", api.voice_list, name="voice-list"),
     path("v1/audio/voices/<str:name>", api.voice_detail, name="voice-detail"),
     path("v1/audio/speech/tokens", api.speech_tokens, name="speech-tokens"),
+    path("v1/audio/speech/sessions/<str:session_id>/cancel", api.session_cancel, name="session-cancel"),
+    path("v1/audio/speech/sessions/<str:session_id>", api.session_terminate, name="session-terminate"),
 ]
 
 handler404 = "speech.api.not_found"

@@ -1,0 +1,41 @@
+"""The session registry: a row when a session is configured, its outcome when it ends.
+
+Two writes a session, both off the per-frame path (at the handshake and after the close), from
+Channels' database thread. `live_session` answers the control plane's "is it live?" question.
+"""
+
+import os
+import socket
+
+from django.conf import settings
+from django.utils import timezone
+
+from .models import SessionRecord
+
+
+def instance_id():
+    return getattr(settings, "SPEECH_INSTANCE_ID", "") or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def opened(session_id, *, voice, engine, api_key=None):
+    SessionRecord.objects.create(session_id=session_id, instance=instance_id(), api_key=api_key, voice=voice,
+                                 engine=engine)
+
+
+def closed(session_id, *, status, segments, bytes_sent, first_audio_s):
+    SessionRecord.objects.filter(session_id=session_id).update(
+        status=status, ended_at=timezone.now(), segments=segments, bytes_sent=bytes_sent,
+        first_audio_ms=None if first_audio_s is None else round(first_audio_s * 1000, 2))
+
+
+def live_session(session_id, api_key=None):
+    """The active record, or None; with a key, only that key's sessions are visible."""
+    records = SessionRecord.objects.filter(session_id=session_id, status=SessionRecord.ACTIVE)
+    if api_key is not None:
+        records = records.filter(api_key=api_key)
+    return records.first()
+
+
+def sessions_using_voice(name):
+    return list(SessionRecord.objects.filter(voice__iexact=name, status=SessionRecord.ACTIVE)
+                .values_list("session_id", flat=True))
