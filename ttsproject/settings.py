@@ -61,18 +61,11 @@ ASGI_APPLICATION = "ttsproject.asgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 
-# Without REDIS_URL one instance serves everything through the in-process layer. With it, a
-# Redis pub/sub layer carries the (tiny, only-meaningful-now) control signals between instances.
+# Without REDIS_URL one instance serves everything: control signals and per-key session counts
+# stay in the process. With it, Redis carries them across instances (speech/signals.py, speech/slots.py).
+# Consumers use no Channels layer: every consumer would otherwise subscribe a Redis channel at
+# connect and fail when Redis is away, and sessions must keep working then.
 REDIS_URL = env.str("REDIS_URL", default="")
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
-        }
-    }
-else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
