@@ -3,7 +3,7 @@
 from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
-from django.http import FileResponse, Http404
+from django.http import FileResponse, Http404, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -28,7 +28,9 @@ class VoiceUploadForm(forms.ModelForm):
             raise forms.ValidationError({"audio_sample": "The file is larger than 10 MiB."})
         data = sample.read()
         try:
-            voices.check_name(cleaned.get("name", ""))
+            name = voices.check_name(cleaned.get("name", ""))
+            if Voice.objects.filter(name__iexact=name).exists():
+                raise voices.VoiceError(f"a voice named '{name}' exists already", "name")
         except voices.VoiceError as exc:
             self.add_error("name", str(exc))
         try:
@@ -80,11 +82,18 @@ class VoiceAdmin(admin.ModelAdmin):
                 filename=data["audio_sample"].name, content_type=data["audio_sample"].content_type,
                 transcript=data.get("transcript", ""), language=data.get("language", ""),
                 created_by=request.user.get_username())
-        except voices.VoiceError as exc:  # lost a race with another upload of the same name
-            raise forms.ValidationError(str(exc)) from exc
+        except voices.VoiceError:  # lost a race for the name after validation: see changeform_view
+            raise
         if not data.get("is_active", True):
             Voice.objects.filter(pk=voice.pk).update(is_active=False)
         obj.pk, obj.id = voice.pk, voice.pk
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except voices.VoiceError as exc:  # another upload took the name after this form was checked
+            self.message_user(request, str(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
     def delete_model(self, request, obj):
         voices.delete_voice(obj)

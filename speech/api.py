@@ -11,7 +11,6 @@ import functools
 from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_http_methods
 
 from . import auth, registry, signals, voices
 from .conf import conf
@@ -26,8 +25,12 @@ def error(status, message, *, type=BAD_REQUEST, param=None):
     return JsonResponse({"error": {"message": message, "type": type, "param": param, "code": status}}, status=status)
 
 
+TOO_LARGE = {"error": {"message": "audio_sample is larger than 10 MiB", "type": BAD_REQUEST, "param": "audio_sample",
+                       "code": 413}}
+
+
 def too_large():
-    return error(413, "audio_sample is larger than 10 MiB", param="audio_sample")
+    return JsonResponse(TOO_LARGE, status=413)
 
 
 def api_view(*methods, key_required=None):
@@ -35,9 +38,12 @@ def api_view(*methods, key_required=None):
 
     def wrap(view):
         @csrf_exempt
-        @require_http_methods(methods)
         @functools.wraps(view)
         def checked(request, *args, **kwargs):
+            if request.method not in methods:
+                response = error(405, f"method {request.method} is not allowed here")
+                response["Allow"] = ", ".join(methods)
+                return response
             required = conf.REQUIRE_API_KEY if key_required is None else key_required
             request.api_key = auth.key_for(auth.bearer(request.META))
             if required and request.api_key is None:

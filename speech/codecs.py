@@ -8,6 +8,7 @@ decodable file per segment (`encode_file`): RIFF WAV, native FLAC, MP3, Ogg Opus
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 
 import av
 import numpy as np
@@ -41,6 +42,10 @@ def _s16_frame(samples, rate):
     data = np.frombuffer(pcm16(samples), "<i2")
     frame = av.AudioFrame.from_ndarray(data[None, :], format="s16", layout="mono")
     frame.sample_rate = rate
+    # A timestamp from 0: without it the Ogg muxer's granule positions run 312 samples long, and a
+    # short Opus file (one page) decodes too long or is refused by strict decoders.
+    frame.pts = 0
+    frame.time_base = Fraction(1, rate)
     return frame
 
 

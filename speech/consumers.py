@@ -77,7 +77,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     @staticmethod
     def _limit(key):
-        return key.max_sessions or conf.MAX_SESSIONS_PER_KEY
+        return conf.MAX_SESSIONS_PER_KEY if key.max_sessions is None else key.max_sessions
 
     async def _take_slot(self, key):
         slots = get_slots()

@@ -48,7 +48,10 @@ class LocalBus:
         self.handlers.pop(session_id, None)
 
     def deliver(self, message):
-        entry = self.handlers.get(message.get("session_id"))
+        session_id = message.get("session_id")
+        if not isinstance(session_id, str):
+            return
+        entry = self.handlers.get(session_id)
         if entry is not None:
             loop, handler = entry
             loop.call_soon_threadsafe(handler, message)

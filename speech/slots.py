@@ -62,7 +62,10 @@ class RedisSlots:
         return bool(taken)
 
     async def renew(self, key, session_id):
-        await self._redis.zadd(self._name(key), {session_id: time.time() + LEASE_S}, xx=True)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(self._name(key), {session_id: time.time() + LEASE_S}, xx=True)
+            pipe.pexpire(self._name(key), int(LEASE_S * 2000))  # the set outlives every live lease
+            await pipe.execute()
 
     async def release(self, key, session_id):
         await self._redis.zrem(self._name(key), session_id)

@@ -9,8 +9,10 @@ Django's storage API under a random name, and the row and the file appear togeth
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import re
+import wave
 from dataclasses import dataclass
 
 import av
@@ -27,6 +29,7 @@ VOICE_REMOVED = "speech session terminated: its voice '{}' was removed"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024
 MIN_SECONDS, MAX_SECONDS = 1.0, 30.0
 SILENCE_PEAK = 0.01  # -40 dBFS: quieter than this throughout is silence
+TRUNCATION_SLACK_S = 0.1  # decoders may drop a frame or two of a whole file
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # FFmpeg demuxer name -> our container name
 CONTAINERS = {"wav": "wav", "flac": "flac", "mp3": "mp3", "ogg": "ogg", "mov,mp4,m4a,3gp,3g2,mj2": "m4a",
@@ -97,13 +100,14 @@ def inspect_audio(data):
                 raise VoiceError("audio_sample holds no audio")
             stream = container.streams.audio[0]
             rate = stream.codec_context.sample_rate or stream.rate
+            declared = _declared_seconds(container, data, kind)
             samples, peak = 0, 0.0
             for frame in container.decode(stream):
                 block = frame.to_ndarray()
                 samples += frame.samples
                 peak = max(peak, float(np.max(np.abs(_as_float(block)))) if block.size else 0.0)
                 if samples > (MAX_SECONDS + 1) * rate:
-                    break
+                    break  # too long already: no need to decode the rest
     except VoiceError:
         raise
     except (av.FFmpegError, ValueError, IndexError, EOFError, OSError):
@@ -111,11 +115,27 @@ def inspect_audio(data):
     if not rate or samples == 0:
         raise VoiceError("audio_sample holds no audio")
     duration = samples / rate
+    if duration > MAX_SECONDS or (declared or 0) > MAX_SECONDS + TRUNCATION_SLACK_S:
+        raise VoiceError(f"audio_sample must be 1 to 30 seconds long (it is {max(duration, declared or 0):.1f} s)")
+    if declared and duration < declared - max(TRUNCATION_SLACK_S, 0.05 * declared):
+        raise VoiceError(f"audio_sample is truncated: its header says {declared:.1f} s, it holds {duration:.1f} s")
     if not MIN_SECONDS <= duration <= MAX_SECONDS:
         raise VoiceError(f"audio_sample must be 1 to 30 seconds long (it is {duration:.1f} s)")
     if peak < SILENCE_PEAK:
         raise VoiceError("audio_sample is silent")
     return AudioFacts(kind, int(rate), round(duration, 3), peak)
+
+
+def _declared_seconds(container, data, kind):
+    """The length the file's header announces, or None. FFmpeg caps a WAV's data size to the file
+    it was given, so a cut WAV is measured from its RIFF header (stdlib `wave`)."""
+    if kind == "wav":
+        try:
+            with wave.open(io.BytesIO(data)) as riff:
+                return riff.getnframes() / riff.getframerate()
+        except (wave.Error, EOFError, ZeroDivisionError):
+            return None
+    return container.duration / av.time_base if container.duration else None
 
 
 def _as_float(block):

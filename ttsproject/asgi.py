@@ -15,6 +15,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from speech.bodylimit import UploadLimit  # noqa: E402
 from speech.conf import conf  # noqa: E402
 from speech.engines import get_engine  # noqa: E402
 from speech.origin import origin_policy  # noqa: E402
@@ -25,7 +26,7 @@ if conf.WARM_UP:
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": UploadLimit(django_asgi_app),
         "websocket": origin_policy(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -80,8 +80,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
-# daphne serves no static files: WhiteNoise serves the admin's, straight from the apps.
+# daphne serves no static files: WhiteNoise serves the admin's straight from the apps, so there
+# is no collectstatic step.
 WHITENOISE_USE_FINDERS = True
 MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "media")
 MEDIA_URL = "media/"

@@ -1,0 +1,280 @@
+"""What resampling and encoding cost, per second of audio, against what synthesising it costs.
+
+    .venv/bin/python bench/audio_cost.py [--repeat 5] [--no-write] [--strict]
+
+In this process (no server): about 20 s of real Hibari speech (`HibariEngine(workers=1)`, 24 kHz,
+fixed seed) is synthesised once, sentence by sentence, timing the engine (synthesis time per second
+of audio: the median of 3 passes after a warm-up). Then, for every format (8) and every contract
+rate (6), each sentence goes the way the pipeline takes it (speech/pipeline.py): a fresh
+`Chain(24000, output_rate(fmt, rate))` per segment, `process` on each engine chunk then `flush`;
+raw formats through a `RawEncoder` chunk by chunk, file formats as one `encode_file` per segment.
+The cost is the median over `--repeat` passes, in ms per second of audio; "resample" is the chain
+alone, "encode" the rest. Target: resampling + encoding under 10 % of the synthesis time of the same
+audio (ratio < 0.10). Also the time-stretch (atempo) of speeds 0.25 and 4.0, both as planned for
+Hibari (engine 0.5 / 2.0, then atempo 0.5 / 2.0 on that audio) and all by atempo (an engine without
+rate control), against the synthesis time of the audio it stretches.
+
+Writes/replaces the section "## Encoding and resampling cost (bench/audio_cost.py)" of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from speech.codecs import FORMATS, RAW_FORMATS, RawEncoder, encode_file, output_rate  # noqa: E402
+from speech.engines import SynthesisRequest  # noqa: E402
+from speech.engines.hibari import HibariEngine  # noqa: E402
+from speech.protocol import SAMPLE_RATES  # noqa: E402
+from speech.transforms import Chain, plan_speed  # noqa: E402
+
+RESULTS = ROOT / "bench" / "RESULTS.md"
+SECTION = "## Encoding and resampling cost (bench/audio_cost.py)"
+TARGET_RATIO = 0.10
+SEED = 7
+ENGINE_RATE = 24000
+
+SENTENCES = [
+    "The train leaves the station at seven in the morning.",
+    "Please close the window before you go to bed tonight.",
+    "My sister bought a red bicycle at the market last week.",
+    "Could you send me the quarterly report by Friday afternoon?",
+    "The coffee machine on the third floor is broken again.",
+    "We walked along the beach until the sun went down behind the hills.",
+    "Thank you for calling, how can I help you today?",
+    "The library closes early on Sundays during the summer.",
+]
+
+
+# -- synthesis ---------------------------------------------------------------------------------------
+
+async def synthesise(engine, speed=1.0, passes=3):
+    """(segments, median synthesis seconds): segments = one list of engine chunks per sentence."""
+    voice = engine.capabilities.default_voice
+    timings, segments = [], None
+    for _ in range(passes):
+        run, started = [], time.perf_counter()
+        for sentence in SENTENCES:
+            chunks = [chunk async for chunk in engine.stream(SynthesisRequest(sentence, voice, speed, {"seed": SEED}))]
+            run.append(chunks)
+        timings.append(time.perf_counter() - started)
+        segments = run
+    return segments, statistics.median(timings)
+
+
+def audio_seconds(segments, rate=ENGINE_RATE):
+    return sum(chunk.size for chunks in segments for chunk in chunks) / rate
+
+
+# -- the pipeline's work -----------------------------------------------------------------------------
+
+def resample_only(segments, out_rate, stretch=1.0):
+    out = 0
+    for chunks in segments:
+        chain = Chain(ENGINE_RATE, out_rate, stretch)
+        for chunk in chunks:
+            out += chain.process(chunk).size
+        out += chain.flush().size
+    return out
+
+
+def resample_and_encode(segments, fmt, out_rate):
+    total = 0
+    for chunks in segments:
+        chain = Chain(ENGINE_RATE, out_rate)
+        if fmt in RAW_FORMATS:
+            encoder = RawEncoder(fmt, out_rate)
+            for chunk in chunks:
+                total += len(encoder.encode(chunk if chain.identity else chain.process(chunk)))
+            if not chain.identity:
+                total += len(encoder.encode(chain.flush()))
+        else:
+            parts = [chunk if chain.identity else chain.process(chunk) for chunk in chunks]
+            if not chain.identity:
+                parts.append(chain.flush())
+            total += len(encode_file(fmt, np.concatenate(parts), out_rate))
+    return total
+
+
+def timed(repeat, fn, *args):
+    fn(*args)  # warm (codec and filter set-up, caches)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+# -- report ------------------------------------------------------------------------------------------
+
+def machine_facts():
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu or platform.processor() or "unknown",
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
+    }
+
+
+def write_results(section_text):
+    if RESULTS.exists():
+        text = RESULTS.read_text()
+    else:
+        text = ("# Benchmark results\n\nWritten by the scripts in `bench/` (`make bench`); each script replaces "
+                "only its own section.\n")
+    pattern = re.compile(r"^" + re.escape(SECTION) + r"\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section_text, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section_text
+    RESULTS.write_text(text.rstrip("\n") + "\n")
+
+
+def verdict(ratio):
+    return "PASS" if ratio < TARGET_RATIO else "FAIL"
+
+
+async def run(repeat):
+    engine = HibariEngine(workers=1)
+    await engine.warm_up()
+    segments, synth_s = await synthesise(engine)
+    seconds = audio_seconds(segments)
+    synth_ms = synth_s * 1000 / seconds  # per second of audio
+    print(f"{seconds:.1f} s of speech in {len(segments)} segments; synthesis {synth_ms:.2f} ms per second of audio",
+          flush=True)
+
+    rows = []
+    resample_cache = {}
+    for fmt in FORMATS:
+        for rate in SAMPLE_RATES:
+            out_rate = output_rate(fmt, rate)
+            if out_rate not in resample_cache:
+                resample_cache[out_rate] = timed(repeat, resample_only, segments, out_rate)
+            total = timed(repeat, resample_and_encode, segments, fmt, out_rate)
+            resample_ms = resample_cache[out_rate] * 1000 / seconds
+            total_ms = total * 1000 / seconds
+            ratio = total_ms / synth_ms
+            rows.append((fmt, rate, out_rate, resample_ms, max(0.0, total_ms - resample_ms), total_ms, ratio))
+            print(f"{fmt:5s} {rate:5d} -> {out_rate:5d}: resample {resample_ms:6.2f}  total {total_ms:6.2f} ms/s  "
+                  f"ratio {ratio:5.2f}  {verdict(ratio)}", flush=True)
+
+    # Time-stretch. Hibari's plan: the engine does 0.5 / 2.0, atempo the rest; all-atempo: from speed 1.0 audio.
+    stretch_rows = []
+    for speed in (0.25, 4.0):
+        engine_speed, stretch = plan_speed(speed, engine.capabilities.speed_range)
+        native, native_synth_s = await synthesise(engine, engine_speed)
+        for label, source, source_synth_s, factor in (
+            (f"Hibari plan: engine {engine_speed:g} + atempo {stretch:g}", native, native_synth_s, stretch),
+            (f"all atempo {speed:g} (engine 1.0)", segments, synth_s, speed),
+        ):
+            cost = timed(repeat, resample_only, source, ENGINE_RATE, factor)
+            out_seconds = resample_only(source, ENGINE_RATE, factor) / ENGINE_RATE
+            ratio = cost / source_synth_s
+            stretch_rows.append((speed, label, audio_seconds(source), out_seconds, cost * 1000 / out_seconds,
+                                 source_synth_s * 1000 / out_seconds, ratio))
+            print(f"speed {speed:g} {label}: {cost * 1000 / out_seconds:.2f} ms per output second, ratio {ratio:.2f} "
+                  f"{verdict(ratio)}", flush=True)
+    await engine.aclose()
+    return seconds, len(segments), synth_ms, rows, stretch_rows
+
+
+def tables(rows, stretch_rows):
+    main = ["| format | rate asked | rate out | resample ms/s | encode ms/s | total ms/s | cost / synthesis | verdict |",
+            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for fmt, rate, out_rate, resample_ms, encode_ms, total_ms, ratio in rows:
+        main.append(f"| {fmt} | {rate} | {out_rate} | {resample_ms:.2f} | {encode_ms:.2f} | {total_ms:.2f} | "
+                    f"{ratio:.3f} | {verdict(ratio)} |")
+    stretch = ["| speed | how | input s | output s | stretch ms per output s | synthesis ms per output s | "
+               "cost / synthesis | verdict |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+    for speed, label, in_s, out_s, cost_ms, synth_ms, ratio in stretch_rows:
+        stretch.append(f"| {speed:g} | {label} | {in_s:.1f} | {out_s:.1f} | {cost_ms:.2f} | {synth_ms:.2f} | "
+                       f"{ratio:.3f} | {verdict(ratio)} |")
+    return "\n".join(main), "\n".join(stretch)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="timed passes per row (median reported)")
+    parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a row misses the target")
+    args = parser.parse_args(argv)
+    command = "python bench/audio_cost.py" + (f" --repeat {args.repeat}" if args.repeat != 5 else "")
+
+    seconds, count, synth_ms, rows, stretch_rows = asyncio.run(run(args.repeat))
+    main_table, stretch_table = tables(rows, stretch_rows)
+    failed = [(fmt, rate) for fmt, rate, *_, ratio in rows if ratio >= TARGET_RATIO]
+    failed_formats = sorted({fmt for fmt, _ in failed})
+    passed = len(rows) - len(failed)
+    stretch_failed = [row for row in stretch_rows if row[-1] >= TARGET_RATIO]
+    print()
+    print(main_table)
+    print()
+    print(stretch_table)
+
+    facts = machine_facts()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    summary = (f"{passed} of {len(rows)} format/rate rows under {TARGET_RATIO:.0%} of synthesis time"
+               + (f"; over it: {', '.join(failed_formats)} (" + ", ".join(f"{f}@{r}" for f, r in failed) + ")"
+                  if failed else "") + ". "
+               + f"Time-stretch: {len(stretch_rows) - len(stretch_failed)} of {len(stretch_rows)} rows under target.")
+    section = "\n".join([
+        SECTION,
+        "",
+        f"* Date: {when}",
+        f"* Machine: {facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, {facts['platform']}, "
+        f"load average at the end {facts['load']}",
+        f"* Command: `{command}`",
+        f"* {seconds:.1f} s of Hibari speech ({count} sentences, seed {SEED}, 24 kHz) synthesised in-process by "
+        f"`HibariEngine(workers=1)`: **{synth_ms:.2f} ms of synthesis per second of audio** (median of 3 passes, "
+        "after warm-up). Each row runs every segment the pipeline's way: `Chain(24000, output_rate)` per segment "
+        "(`process` per engine chunk, then `flush`), then `RawEncoder` chunk by chunk (pcm, mulaw, alaw) or one "
+        f"`encode_file` per segment; median of {args.repeat} passes, in ms per second of audio. resample = the "
+        "chain alone, encode = total - resample. Target: total under "
+        f"{TARGET_RATIO:.0%} of the synthesis time of the same audio (cost / synthesis < {TARGET_RATIO:.2f}).",
+        "",
+        main_table,
+        "",
+        "Time-stretch (FFmpeg atempo via `Chain(24000, 24000, stretch)`), against the synthesis time of the audio "
+        "it stretches, per second of output:",
+        "",
+        stretch_table,
+        "",
+        f"Verdict: {summary}",
+        "",
+    ])
+    if not args.no_write:
+        write_results(section)
+        print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    return 1 if args.strict and (failed or stretch_failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
