@@ -16,13 +16,15 @@ import numpy as np
 from .audio import pcm16
 
 RAW_FORMATS = ("pcm", "mulaw", "alaw")
-# format -> (container, FFmpeg encoder)
+# format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (~160x real time)
+# that encoders dominate the cost: LAME's -q 7 and FFmpeg AAC's fast coder halve it, with no
+# audible loss on speech (bench/audio_cost.py).
 FILE_FORMATS = {
-    "wav": ("wav", "pcm_s16le"),
-    "flac": ("flac", "flac"),
-    "mp3": ("mp3", "libmp3lame"),
-    "opus": ("ogg", "libopus"),
-    "aac": ("adts", "aac"),
+    "wav": ("wav", "pcm_s16le", {}),
+    "flac": ("flac", "flac", {}),
+    "mp3": ("mp3", "libmp3lame", {"compression_level": "7"}),
+    "opus": ("ogg", "libopus", {}),
+    "aac": ("adts", "aac", {"aac_coder": "fast"}),
 }
 FORMATS = tuple(sorted(RAW_FORMATS + tuple(FILE_FORMATS)))
 OPUS_RATE = 48000  # Opus runs on a 48 kHz clock; decoders give 48 kHz whatever was put in
@@ -78,11 +80,12 @@ class RawEncoder:
 
 def encode_file(fmt, samples, rate):
     """One complete file of `fmt` holding `samples` (float32 mono at `rate`)."""
-    container_format, codec = FILE_FORMATS[fmt]
+    container_format, codec, options = FILE_FORMATS[fmt]
     buf = io.BytesIO()
     try:
         with av.open(buf, "w", format=container_format) as container:
             stream = container.add_stream(codec, rate=rate, layout="mono")
+            stream.codec_context.options = dict(options)
             # The encoder's own sample format (s16, s32p, fltp…), converted by FFmpeg's resampler
             # at the same rate: a format change only.
             convert = av.AudioResampler(format=stream.codec_context.format, layout="mono", rate=rate)
