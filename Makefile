@@ -38,6 +38,7 @@ test: install-dev migrate
 bench: install-dev migrate
 	$(PY) bench/ttfa.py --repeat 5
 	$(PY) bench/audio_cost.py
+	$(PY) bench/cancel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

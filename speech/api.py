@@ -136,10 +136,14 @@ def not_found(request, exception=None):
 
 def _signal(request, session_id, kind):
     record = registry.live_session(session_id, request.api_key if conf.REQUIRE_API_KEY else None)
-    if record is None:
-        return error(404, f"no live session '{session_id}'", type="not_found_error", param="session_id")
+    bus = signals.get_bus()
     try:
-        signals.get_bus().publish(signals.signal(kind, session_id))
+        if record is not None and not bus.instance_alive(record.instance):
+            registry.lost(record)  # its instance died without closing it
+            record = None
+        if record is None:
+            return error(404, f"no live session '{session_id}'", type="not_found_error", param="session_id")
+        bus.publish(signals.signal(kind, session_id))
     except signals.SignalsUnavailable as exc:
         return error(503, str(exc), type=SERVER_ERROR)
     return JsonResponse({"session_id": session_id, "signal": kind, "status": "accepted"}, status=202)

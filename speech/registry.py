@@ -28,6 +28,12 @@ def closed(session_id, *, status, segments, bytes_sent, first_audio_s):
         first_audio_ms=None if first_audio_s is None else round(first_audio_s * 1000, 2))
 
 
+def lost(record):
+    """A session whose instance is gone (crashed, killed) without recording its end."""
+    SessionRecord.objects.filter(pk=record.pk, status=SessionRecord.ACTIVE).update(
+        status=SessionRecord.FAILED, ended_at=timezone.now())
+
+
 def live_session(session_id, api_key=None):
     """The active record, or None; with a key, only that key's sessions are visible."""
     records = SessionRecord.objects.filter(session_id=session_id, status=SessionRecord.ACTIVE)

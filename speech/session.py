@@ -149,13 +149,15 @@ class SpeechSession:
                 return
             if message.get("kind") == "terminate":
                 await self.terminate(message.get("reason") or TERMINATED_MESSAGE)
-            elif message.get("kind") == "cancel" and self._speaking(message.get("issued_at", 0.0)):
+            elif message.get("kind") == "cancel" and self._speaking(message.get("issued_at")):
                 await self._on_cancel({}, origin="server")
                 self._arm_idle()
 
     def _speaking(self, issued_at):
         """A cancel is for the speech under way when it was sent; one that arrives after that
         speech has finished, or that was sent before the current speech began, is ignored."""
+        if not isinstance(issued_at, (int, float)) or isinstance(issued_at, bool):
+            return False
         busy = self.pipeline.busy or self.segmenter.pending_chars > 0
         return busy and issued_at >= self._utterance_started
 
@@ -213,6 +215,8 @@ class SpeechSession:
         limit = self.limits.max_pending_chars
         if self.segmenter.pending_chars + self.pipeline.queued_chars + len(text) > limit:
             raise fatal(f"buffered speech text exceeds {limit} characters", "text")
+        if text and not self.pipeline.busy and self.segmenter.pending_chars == 0:
+            self._utterance_started = time.time()  # the first text after silence begins new speech
         self._enqueue(self.segmenter.feed(text))
 
     def _join_surrogates(self, text):
@@ -254,8 +258,6 @@ class SpeechSession:
             self._on_pipeline_idle()
 
     def _enqueue(self, segments):
-        if segments and not self.pipeline.busy:
-            self._utterance_started = time.time()
         for segment in segments:
             self.pipeline.enqueue(segment)
 

@@ -19,11 +19,21 @@ import json
 import logging
 import time
 
+from .registry import instance_id
+
 logger = logging.getLogger(__name__)
 
 CHANNEL_PREFIX = "speech:signal:"
+PROBE_PREFIX = "~probe:"  # never a session id: those start with speech_ws_
+HEARTBEAT_PREFIX = "speech:instance:"
+PROBE_S, STALE_S = 2.0, 6.0
+HEARTBEAT_KEEP_S = 7 * 24 * 3600  # long enough to tell "gone" from "unknown"; short enough to clean up
 CANCEL, TERMINATE = "cancel", "terminate"
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
+
+
+class StaleSubscription(Exception):
+    """The subscription stopped delivering although its connection looks open."""
 
 
 class SignalsUnavailable(Exception):
@@ -61,6 +71,10 @@ class LocalBus:
 
     async def subscribe(self, session_id, handler):
         self.register(session_id, handler)
+
+    def instance_alive(self, instance):
+        """One instance only: the sessions of an earlier process (a crash) are not live."""
+        return instance == instance_id()
 
     async def stop(self):
         """Nothing runs in the background here."""
@@ -114,7 +128,7 @@ class RedisBus(LocalBus):
         import redis.asyncio as aredis
         from redis.exceptions import RedisError
 
-        client = aredis.Redis.from_url(self.url, socket_connect_timeout=1.0)
+        client = aredis.Redis.from_url(self.url, socket_connect_timeout=1.0, socket_timeout=PROBE_S)
         backoff, down = BACKOFF_MIN_S, False
         try:
             while True:
@@ -125,18 +139,16 @@ class RedisBus(LocalBus):
                     if down:
                         logger.warning("signals: Redis is reachable again; listening")
                     backoff, down = BACKOFF_MIN_S, False
-                    async for message in pubsub.listen():
-                        if message.get("type") == "pmessage":
-                            self._receive(message["data"])
-                except (RedisError, OSError) as exc:
+                    await self._pump(client, pubsub)
+                except (RedisError, OSError, StaleSubscription) as exc:
                     live.clear()
                     if not down:
                         logger.warning("signals: Redis unavailable (%s); sessions go on, retrying", exc)
                     down = True
                 finally:
                     try:
-                        await pubsub.aclose()
-                    except (RedisError, OSError):
+                        await asyncio.wait_for(pubsub.aclose(), PROBE_S)
+                    except (RedisError, OSError, TimeoutError):
                         pass
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -144,10 +156,50 @@ class RedisBus(LocalBus):
             live.clear()
             await client.aclose()
 
+    async def _pump(self, client, pubsub):
+        """Deliver messages; every PROBE_S, publish a probe to ourselves and renew this instance's
+        heartbeat. A subscription that has not seen its own probe for STALE_S is dead even if its
+        socket never said so (a failover that leaves the old connection silent): reconnect."""
+        probe = CHANNEL_PREFIX + PROBE_PREFIX + instance_id()
+        loop = asyncio.get_running_loop()
+        heard = next_probe = loop.time()
+        while True:
+            now = loop.time()
+            if now - heard > STALE_S:
+                raise StaleSubscription(f"no probe came back for {STALE_S:.0f} s")
+            if now >= next_probe:
+                await client.publish(probe, "{}")
+                await client.set(HEARTBEAT_PREFIX + instance_id(), repr(time.time()), ex=HEARTBEAT_KEEP_S)
+                next_probe = now + PROBE_S
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=PROBE_S)
+            if message is None or message.get("type") != "pmessage":
+                continue
+            if message["channel"].decode(errors="replace") == probe:
+                heard = loop.time()
+            else:
+                self._receive(message["data"])
+
+    def instance_alive(self, instance):
+        """Whether the instance holding a session still listens: its last heartbeat is recent.
+
+        The heartbeat is a timestamp kept for days, not a key that expires, so a missing one means
+        "unknown" (Redis restarted empty, flushed, failed over to an empty node, evicted it) and
+        raises SignalsUnavailable; only a stale timestamp proves the instance gone."""
+        from redis.exceptions import RedisError
+
+        try:
+            beat = self._publisher.get(HEARTBEAT_PREFIX + instance)
+        except (RedisError, OSError) as exc:
+            raise SignalsUnavailable(f"signals are unavailable: Redis cannot be reached ({exc})") from None
+        if beat is None:
+            raise SignalsUnavailable("signals are unavailable: the instance holding the session has not been "
+                                     "heard from since Redis lost its state; try again shortly")
+        return time.time() - float(beat) < 2 * STALE_S
+
     def _receive(self, data):
         try:
             message = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             logger.warning("signals: ignored a message that is not JSON")
             return
         if isinstance(message, dict):

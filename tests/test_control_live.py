@@ -1,0 +1,553 @@
+"""The control plane across real processes: daphne A and B (`manage.py serve`, tests/live.py) sharing one
+SQLite database (a temp file, migrated once) and one Redis, with the real Hibari engine.
+
+The Redis is a private `redis-server` on a free port (tests/test_redis_faults.py RedisServer): pub/sub
+channels are global to a Redis server whatever the DB number, and every instance's listener holds a
+pattern subscription to all of `speech:signal:*`, so on the machine's shared Redis other people's
+servers and tests would see (and could disturb) these signals.
+
+Sessions run on A; the REST control endpoints (contract §8) are called on B; the registry is read
+straight from the shared database file (table speech_sessionrecord), and once through B's admin
+with a superuser. After every test, and once more after the servers stopped, their stderr must
+hold no "Traceback".
+
+The registry's outcome is written after the socket closed (consumers.py `_ended`), so tests poll
+the row (bounded) until it leaves "active". Every other wait is a hang guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import http.cookiejar
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.audio_samples import wav_bytes
+from tests.test_redis_faults import RedisServer
+from tests.live import (
+    PROJECT_ROOT,
+    PYTHON,
+    DaphneServer,
+    collect,
+    configure,
+    is_event,
+    open_session,
+    run_session,
+    segments_of,
+    send_json,
+)
+
+RATE = 24000
+LEAD_S = 2.0  # SPEECH_MAX_LEAD_S for these servers: delivery is paced after 2 s of audio ahead
+POLL_S = 30.0  # hang guard of the polling loops
+TERMINATED = "speech session terminated by the server"
+SHUTDOWN = "speech session terminated: the server is shutting down"
+SENTENCES = [f"This is sentence number {i} of a rather long text that keeps on going." for i in range(40)]
+LONG_TEXT = " ".join(SENTENCES) + " "
+CONFIG = {"response_format": "pcm", "stream_audio": True}
+
+
+class Cluster:
+    def __init__(self, redis_url):
+        self.dir = Path(tempfile.mkdtemp(prefix="control-live-"))
+        self.db = self.dir / "db.sqlite3"
+        self.tag = uuid.uuid4().hex[:8]
+        self.env = {
+            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_MAX_LEAD_S": str(LEAD_S),
+            "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{self.db}",
+            "MEDIA_ROOT": str(self.dir / "media"),
+        }
+        self.servers = []
+
+    def server(self, name, *, migrate=False):
+        server = DaphneServer({**self.env, "SPEECH_INSTANCE_ID": self.instance(name)}, migrate=migrate)
+        server.start()
+        self.servers.append(server)
+        return server
+
+    def instance(self, name):
+        return f"{name}-{self.tag}"
+
+    # -- the registry, read from the shared database ------------------------------------------------
+    def record(self, session_id):
+        with sqlite3.connect(self.db, timeout=10) as db:
+            db.row_factory = sqlite3.Row
+            row = db.execute("SELECT * FROM speech_sessionrecord WHERE session_id = ?", (session_id,)).fetchone()
+        return dict(row) if row is not None else None
+
+    def active_ids(self):
+        with sqlite3.connect(self.db, timeout=10) as db:
+            return {r[0] for r in db.execute("SELECT session_id FROM speech_sessionrecord WHERE status = 'active'")}
+
+    def set_voice(self, session_id, voice):
+        with sqlite3.connect(self.db, timeout=10) as db:
+            assert db.execute("UPDATE speech_sessionrecord SET voice = ? WHERE session_id = ?",
+                              (voice, session_id)).rowcount == 1
+
+    def ended_record(self, session_id):
+        """The row once the session's outcome is written (bounded poll)."""
+        deadline = time.monotonic() + POLL_S
+        while time.monotonic() < deadline:
+            row = self.record(session_id)
+            assert row is not None, f"no registry row for {session_id}"
+            if row["status"] != "active":
+                return row
+            time.sleep(0.02)
+        raise AssertionError(f"registry row of {session_id} still active after {POLL_S} s: {row}")
+
+    def manage(self, *args, extra_env=None):
+        """A manage.py command against the shared database and Redis."""
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", **self.env, **(extra_env or {})}
+        return subprocess.run([PYTHON, "manage.py", *args], cwd=PROJECT_ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    redis_server = RedisServer().start()
+    c = Cluster(redis_server.url(5))
+    try:
+        c.a = c.server("A", migrate=True)  # migrates the shared database once
+        c.b = c.server("B")
+        yield c
+    finally:
+        codes = [(s, s.stop()) for s in c.servers]
+        redis_server.cleanup()
+    for server, code in codes:
+        server.assert_no_traceback()
+        if not getattr(server, "killed", False):  # SIGTERM at the end (or in the test): a clean exit
+            assert code == 0, f"server exit status {code}:\n{server.stderr_text()[-3000:]}"
+    for server in c.servers:
+        server.cleanup()
+    shutil.rmtree(c.dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def healthy(cluster):
+    yield
+    for server in (cluster.a, cluster.b):
+        server.assert_no_traceback()
+        assert server.alive(), f"a server died:\n{server.stderr_text()[-4000:]}"
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+def request(server, method, path, body=None, headers=None):
+    """One HTTP request: (status, parsed JSON body or text)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            return response.status, json.loads(raw)
+        except ValueError:
+            return response.status, raw.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+async def rest(server, method, path, **kwargs):
+    return await asyncio.to_thread(request, server, method, path, **kwargs)
+
+
+def cancel_path(session_id):
+    return f"/v1/audio/speech/sessions/{session_id}/cancel"
+
+
+def session_path(session_id):
+    return f"/v1/audio/speech/sessions/{session_id}"
+
+
+def not_live(session_id):
+    return {"error": {"message": f"no live session '{session_id}'", "type": "not_found_error",
+                      "param": "session_id", "code": 404}}
+
+
+def accepted(session_id, kind):
+    return {"session_id": session_id, "signal": kind, "status": "accepted"}
+
+
+def past_the_lead(seconds=LEAD_S + 1.0):
+    """until() predicate: true once more audio than the lead has arrived, i.e. delivery is paced
+    frame by frame and a signal finds a segment half sent."""
+    received = 0
+
+    def check(item):
+        nonlocal received
+        if item.kind == "audio":
+            received += len(item.data)
+        return received > seconds * RATE * 2
+
+    return check
+
+
+async def speaking_session(server):
+    """A session on `server` speaking LONG_TEXT, its delivery already paced. Returns (ws, sid, items)."""
+    ws = await open_session(server.ws_url)
+    configured = await configure(ws, CONFIG)
+    await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
+    before = await collect(ws, until=past_the_lead())
+    assert before.close_code is None, f"closed while speaking: {before.types()}"
+    return ws, configured["session_id"], before.items
+
+
+def audio_bytes(items):
+    return sum(len(item.data) for item in items if item.kind == "audio")
+
+
+def check_terminated(items, close_code, message=TERMINATED):
+    """The end of a terminated session: segments intact up to the error event, no audio after it, 4001."""
+    segments, problems = segments_of(items)
+    assert problems == []
+    assert close_code == 4001, close_code
+    last = items[-1]
+    assert last.kind == "event" and last.data == {"type": "error", "message": message,
+                                                  "error_type": "server_error"}, items[-3:]
+    for segment in segments:  # every completed segment was whole; the cut one has no audio.done
+        if segment.done is not None:
+            assert segment.done["total_bytes"] == len(segment.audio)
+    return segments
+
+
+def check_row(row, instance, *, status, items):
+    segments, _ = segments_of(items)
+    assert row["status"] == status, row
+    assert row["instance"] == instance
+    assert row["voice"] == "heart" and row["engine"] == "hibari"
+    assert row["ended_at"] is not None
+    assert row["segments"] == len(segments) > 0
+    assert row["bytes_sent"] == audio_bytes(items) > 0
+    assert row["first_audio_ms"] is not None and row["first_audio_ms"] > 0
+
+
+# -- cancel and terminate from B ---------------------------------------------------------------------------
+
+async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
+    a, b = cluster.a, cluster.b
+    ws, sid, items = await speaking_session(a)
+    try:
+        row = cluster.record(sid)
+        assert row["status"] == "active" and row["instance"] == cluster.instance("A") and row["ended_at"] is None
+
+        # Cancel on B: the segment being sent is cut, the queue dropped, then input.cancelled (server).
+        assert await rest(b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
+        after = await collect(ws, until=is_event("input.cancelled"))
+        assert after.close_code is None, f"closed instead of input.cancelled: {after.types()}"
+        items += after.items
+        segments, problems = segments_of(items)
+        assert problems == []
+        cut = segments[-1]
+        assert cut.done == {"type": "audio.done", "id": f"{sid}-{cut.index}", "sentence_index": cut.index,
+                            "total_bytes": len(cut.audio), "error": False, "cancelled": True}
+        assert items[-2].data is cut.done
+        assert all(s.done["cancelled"] is False and s.done["total_bytes"] == len(s.audio) for s in segments[:-1])
+        assert [s.start["sentence_text"] for s in segments] == SENTENCES[:len(segments)]
+        assert items[-1].data == {"type": "input.cancelled", "session_id": sid,
+                                  "cancelled_sentences": len(SENTENCES) - cut.index,
+                                  "total_sentences": cut.index + 1, "origin": "server"}
+
+        # The session goes on: new text is spoken with the next free index.
+        await send_json(ws, {"type": "input.text", "text": "Sure, let me check. "})
+        more = await collect(ws, until=is_event("audio.done"))
+        items += more.items
+        new, problems = segments_of(more.items)
+        assert problems == []
+        assert [(s.index, s.start["sentence_text"]) for s in new] == [(cut.index + 1, "Sure, let me check.")]
+        assert new[0].done["cancelled"] is False and new[0].done["total_bytes"] == len(new[0].audio) > 0
+
+        # Terminate on B while A speaks again: error event, close 4001, no audio after it.
+        await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
+        speaking = await collect(ws, until=past_the_lead())
+        items += speaking.items
+        assert await rest(b, "DELETE", session_path(sid)) == (202, accepted(sid, "terminate"))
+        end = await collect(ws)
+        items += end.items
+        check_terminated(items, end.close_code)
+    finally:
+        await ws.close()
+
+    row = cluster.ended_record(sid)
+    check_row(row, cluster.instance("A"), status="terminated", items=items)
+    # Not live any more: both endpoints, on both instances, answer 404 with the envelope.
+    for server in (a, b):
+        assert await rest(server, "POST", cancel_path(sid)) == (404, not_live(sid))
+        assert await rest(server, "DELETE", session_path(sid)) == (404, not_live(sid))
+
+
+async def test_unknown_session_is_404_with_the_envelope(cluster):
+    for sid in (f"speech_ws_{uuid.uuid4().hex}", "nonsense"):
+        for server in (cluster.a, cluster.b):
+            assert await rest(server, "POST", cancel_path(sid)) == (404, not_live(sid))
+            assert await rest(server, "DELETE", session_path(sid)) == (404, not_live(sid))
+
+
+async def test_cancel_from_b_when_nothing_is_speaking_is_accepted_and_ignored(cluster):
+    ws = await open_session(cluster.a.ws_url)
+    try:
+        sid = (await configure(ws, CONFIG))["session_id"]
+        await send_json(ws, {"type": "input.text", "text": "Just one sentence. "})
+        first = await collect(ws, until=is_event("audio.done"))
+        assert await rest(cluster.b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
+        # The cancel found nothing to cancel. Whatever comes next on the socket must be the new
+        # segment's audio.start, not an input.cancelled.
+        await send_json(ws, {"type": "input.text", "text": "And another one. "})
+        await send_json(ws, {"type": "input.done"})
+        rest_ = await collect(ws)
+        assert "input.cancelled" not in rest_.types()
+        segments, problems = segments_of(first.items + rest_.items)
+        assert problems == [] and [s.index for s in segments] == [0, 1]
+        assert rest_.events[-1] == {"type": "session.done", "session_id": sid, "total_sentences": 2}
+        assert rest_.close_code == 1000
+    finally:
+        await ws.close()
+    assert cluster.ended_record(sid)["status"] == "completed"
+
+
+# -- the registry tells the truth --------------------------------------------------------------------------
+
+async def test_completed_session_is_recorded_completed(cluster):
+    result = await run_session(cluster.a.ws_url, CONFIG, ["Hello there. ", "How are you today?"])
+    assert result.close_code == 1000 and result.types()[-1] == "session.done"
+    sid = result.configured["session_id"]
+    row = cluster.ended_record(sid)
+    check_row(row, cluster.instance("A"), status="completed", items=result.items)
+    assert row["segments"] == 2
+    assert await rest(cluster.b, "POST", cancel_path(sid)) == (404, not_live(sid))
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+async def test_client_leaving_mid_speech_is_recorded_cancelled(cluster, how):
+    ws, sid, items = await speaking_session(cluster.a)
+    if how == "close":
+        await ws.close()
+    else:  # no closing handshake: the TCP connection just goes away
+        ws.transport.abort()
+        await ws.wait_closed()
+    row = cluster.ended_record(sid)
+    segments, _ = segments_of(items)
+    assert row["status"] == "cancelled", row
+    assert row["instance"] == cluster.instance("A") and row["ended_at"] is not None
+    assert row["segments"] >= len(segments) > 0
+    assert row["bytes_sent"] >= audio_bytes(items) > 0  # frames in flight were sent but not read
+    assert row["first_audio_ms"] > 0
+    assert await rest(cluster.b, "DELETE", session_path(sid)) == (404, not_live(sid))
+
+
+async def test_failed_session_is_recorded_failed(cluster):
+    ws = await open_session(cluster.a.ws_url)
+    try:
+        sid = (await configure(ws, CONFIG))["session_id"]
+        await ws.send("x" * 1)  # a recoverable error first: not a failure
+        await send_json(ws, {"type": "input.text", "text": "y" * 131000})
+        await send_json(ws, {"type": "input.text", "text": "y" * 131000})
+        await send_json(ws, {"type": "input.text", "text": "y" * 131000})  # pending text over 262144
+        result = await collect(ws)
+    finally:
+        await ws.close()
+    assert result.close_code == 4008
+    assert result.events[-1]["message"] == "buffered speech text exceeds 262144 characters"
+    row = cluster.ended_record(sid)
+    assert row["status"] == "failed" and row["instance"] == cluster.instance("A")
+
+
+async def test_admin_lists_live_sessions_and_terminates_one_on_another_instance(cluster):
+    password = uuid.uuid4().hex
+    done = cluster.manage("createsuperuser", "--noinput", "--username", "ops", "--email", "ops@example.com",
+                          extra_env={"DJANGO_SUPERUSER_PASSWORD": password})
+    assert done.returncode == 0, done.stderr
+    ws, sid, items = await speaking_session(cluster.a)
+    try:
+        admin = Admin(cluster.b)  # B's admin; the session lives on A
+        await asyncio.to_thread(admin.login, "ops", password)
+        page = await asyncio.to_thread(admin.get, "/admin/speech/sessionrecord/?status__exact=active")
+        assert sid in page and cluster.instance("A") in page
+        assert "Cancel current speech" in page and "Terminate" in page
+        page = await asyncio.to_thread(admin.action, "/admin/speech/sessionrecord/?status__exact=active",
+                                       "terminate", [sid])
+        assert "Sent terminate to 1 live session(s)." in page
+        end = await collect(ws)
+        items += end.items
+        check_terminated(items, end.close_code)
+    finally:
+        await ws.close()
+    row = cluster.ended_record(sid)
+    check_row(row, cluster.instance("A"), status="terminated", items=items)
+    page = await asyncio.to_thread(admin.get, "/admin/speech/sessionrecord/?status__exact=active")
+    assert sid not in page
+    page = await asyncio.to_thread(admin.get, "/admin/speech/sessionrecord/?status__exact=terminated")
+    assert sid in page
+
+
+class Admin:
+    """A session-authenticated browser-like client (cookies, CSRF token) for Django's admin."""
+
+    def __init__(self, server):
+        self.base = server.http_url
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def get(self, path):
+        with self.opener.open(self.base + path, timeout=30) as response:
+            return response.read().decode()
+
+    def post(self, path, fields):
+        data = urllib.parse.urlencode(fields, doseq=True).encode()
+        with self.opener.open(self.base + path, data, timeout=30) as response:
+            return response.read().decode()
+
+    @staticmethod
+    def token(page):
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert match, "no CSRF token on the page"
+        return match.group(1)
+
+    def login(self, username, password):
+        page = self.get("/admin/login/?next=/admin/")
+        page = self.post("/admin/login/?next=/admin/", {"username": username, "password": password,
+                                                         "csrfmiddlewaretoken": self.token(page), "next": "/admin/"})
+        assert "Log out" in page or "logout" in page, "admin login failed"
+
+    def action(self, path, action, selected):
+        page = self.get(path)
+        return self.post(path, {"csrfmiddlewaretoken": self.token(page), "action": action, "index": "0",
+                                "select_across": "0", "_selected_action": selected})
+
+
+# -- voices ending their sessions --------------------------------------------------------------------------
+
+def multipart(fields, files):
+    boundary = uuid.uuid4().hex
+    parts = []
+    for name, value in fields.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+    for name, (filename, content_type, data) in files.items():
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+                     f"Content-Type: {content_type}\r\n\r\n".encode() + data + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
+
+
+async def test_deleting_a_voice_on_b_terminates_the_sessions_using_it_on_a(cluster):
+    name = f"ctl{uuid.uuid4().hex[:10]}"
+    body, content_type = multipart({"name": name, "consent": "recorded with consent"},
+                                   {"audio_sample": ("sample.wav", "audio/wav", wav_bytes(2.0))})
+    status, created = await rest(cluster.b, "POST", "/v1/audio/voices", body=body,
+                                 headers={"Content-Type": content_type})
+    assert status == 201 and created["name"] == name, created
+    # The embedded engine cannot speak an uploaded voice; the registry says this session uses it.
+    ws, sid, items = await speaking_session(cluster.a)
+    bystander, other_sid, other_items = await speaking_session(cluster.a)
+    try:
+        cluster.set_voice(sid, name.upper())  # names match ignoring case
+        status, deleted = await rest(cluster.b, "DELETE", f"/v1/audio/voices/{name}")
+        assert status == 200 and deleted == {"id": name, "object": "voice", "deleted": True}
+        end = await collect(ws)
+        items += end.items
+        check_terminated(items, end.close_code, f"speech session terminated: its voice '{name}' was removed")
+        # The session with another voice is untouched: it still takes a cancel (from B) and goes on.
+        assert await rest(cluster.b, "POST", cancel_path(other_sid)) == (202, accepted(other_sid, "cancel"))
+        after = await collect(bystander, until=is_event("input.cancelled"))
+        assert after.close_code is None and after.events[-1]["origin"] == "server"
+    finally:
+        await ws.close()
+        await bystander.close()
+    row = cluster.ended_record(sid)
+    assert row["status"] == "terminated" and row["instance"] == cluster.instance("A")
+    assert cluster.ended_record(other_sid)["status"] == "cancelled"
+    status, listed = await rest(cluster.b, "GET", "/v1/audio/voices")
+    assert status == 200 and name not in listed["voices"]
+
+
+async def test_end_sessions_using_called_in_another_process_terminates_the_session_on_a(cluster):
+    ws, sid, items = await speaking_session(cluster.a)
+    try:
+        assert cluster.active_ids() == {sid}, "another session is still active: the call would end it too"
+        done = cluster.manage("shell", "-c", "from speech.voices import end_sessions_using; "
+                                             "end_sessions_using('HEART')")
+        assert done.returncode == 0, done.stderr
+        end = await collect(ws)
+        items += end.items
+        check_terminated(items, end.close_code, "speech session terminated: its voice 'HEART' was removed")
+    finally:
+        await ws.close()
+    check_row(cluster.ended_record(sid), cluster.instance("A"), status="terminated", items=items)
+
+
+# -- shutdown ----------------------------------------------------------------------------------------------
+
+async def test_sigterm_terminates_sessions_with_4001_and_records_them(cluster):
+    c = cluster.server("C")
+    keepalive = http.client.HTTPConnection(c.host, c.port, timeout=30)
+    sockets = []
+    try:
+        # An idle keep-alive HTTP connection and a socket still in its handshake must not stop the
+        # shutdown; two sessions speak.
+        keepalive.request("GET", "/healthz")
+        assert keepalive.getresponse().read()
+        unconfigured = await open_session(c.ws_url)
+        sockets.append(unconfigured)
+        first, sid1, items1 = await speaking_session(c)
+        sockets.append(first)
+        second, sid2, items2 = await speaking_session(c)
+        sockets.append(second)
+        c.proc.send_signal(signal.SIGTERM)
+        ends = await asyncio.gather(collect(first), collect(second), collect(unconfigured))
+        await asyncio.to_thread(c.proc.wait, 30)
+    finally:
+        keepalive.close()
+        for ws in sockets:
+            await ws.close()
+    assert c.proc.returncode == 0, c.stderr_text()[-3000:]
+    for items, end in ((items1, ends[0]), (items2, ends[1])):
+        items += end.items
+        check_terminated(items, end.close_code, SHUTDOWN)
+    assert ends[2].close_code == 4001 and ends[2].events == [
+        {"type": "error", "message": SHUTDOWN, "error_type": "server_error"}]
+    # The process is gone: the rows were written before it exited.
+    check_row(cluster.record(sid1), cluster.instance("C"), status="terminated", items=items1)
+    check_row(cluster.record(sid2), cluster.instance("C"), status="terminated", items=items2)
+    assert await rest(cluster.b, "POST", cancel_path(sid1)) == (404, not_live(sid1))
+    c.assert_no_traceback()
+
+
+async def test_sessions_of_a_killed_instance_stop_being_live(cluster):
+    """SIGKILL leaves the row active; once the instance's heartbeat has run out, the control endpoints
+    answer 404 and the row is closed as failed (bounded poll: the heartbeat lasts some seconds)."""
+    d = cluster.server("D")
+    ws, sid, items = await speaking_session(d)
+    try:
+        d.killed = True
+        d.kill()  # SIGKILL: no chance to write the outcome
+        end = await collect(ws)
+        assert end.close_code == 1006
+    finally:
+        await ws.close()
+    assert cluster.record(sid)["status"] == "active"
+
+    def answer():
+        status, body = request(cluster.b, "POST", cancel_path(sid))
+        assert status in (202, 404), (status, body)  # 202 while the dead instance's heartbeat lasts
+        return (status, body) if status == 404 else None
+
+    deadline = time.monotonic() + POLL_S
+    while (result := await asyncio.to_thread(answer)) is None:
+        assert time.monotonic() < deadline, f"still 202 after {POLL_S} s for a session of a killed instance"
+        await asyncio.sleep(0.2)
+    assert result == (404, not_live(sid))
+    row = cluster.record(sid)
+    assert row["status"] == "failed" and row["ended_at"] is not None and row["instance"] == cluster.instance("D")
+    assert await rest(cluster.b, "DELETE", session_path(sid)) == (404, not_live(sid))

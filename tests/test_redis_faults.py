@@ -1,0 +1,612 @@
+"""Redis faults with real processes: a private `redis-server` (free port, no persistence) that the test
+kills and restarts, and two daphne instances (A holds the sessions, B takes the REST calls) sharing
+it and a temp SQLite database, with the real Hibari engine.
+
+With Redis gone, sessions keep working on their own instance (end to end, local input.cancel, the
+registry) and the cross-instance endpoints answer 503 with the error envelope; nothing logs a
+traceback. When Redis is back on the same port, signals flow again without restarting anything.
+
+The machine's own Redis (127.0.0.1:6379) is never touched. Polling loops are bounded and only wait
+for the servers to reconnect; every other wait is a hang guard.
+
+`RedisServer` is reused by tests/test_control_live.py, tests/test_signals.py and bench/cancel.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.live import (
+    DaphneServer,
+    collect,
+    configure,
+    free_port,
+    is_event,
+    open_session,
+    run_session,
+    segments_of,
+    send_json,
+)
+
+REDIS_START_S = 20.0  # hang guards
+RECONNECT_S = 30.0
+
+
+class RedisServer:
+    """`redis-server` on a free local port, in the foreground of a subprocess: start, kill, restart."""
+
+    def __init__(self, port=None):
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="redis-test-"))
+        self.proc = None
+
+    def url(self, db=0):
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def client(self):
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1, socket_timeout=5)
+
+    def start(self):
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        log = open(self.dir / "redis.log", "ab")
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.dir)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        deadline = time.monotonic() + REDIS_START_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {self.log()[-2000:]}")
+            try:
+                with self.client() as client:
+                    if client.ping():
+                        return self
+            except redis.RedisError:
+                time.sleep(0.02)
+        self.kill()
+        raise RuntimeError(f"redis-server did not answer on port {self.port}: {self.log()[-2000:]}")
+
+    def kill(self):
+        """SIGKILL: the abrupt end of Redis (connections reset, nothing flushed)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def pattern_subscribers(self):
+        """Clients holding a pattern subscription (each instance's signal listener holds one)."""
+        with self.client() as client:
+            return sum(1 for entry in client.client_list() if int(entry.get("psub", 0)) > 0)
+
+    def has_key(self, key, db=0):
+        with redis.Redis(host="127.0.0.1", port=self.port, db=db, socket_connect_timeout=1) as client:
+            return bool(client.exists(key))
+
+    def log(self):
+        path = self.dir / "redis.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def cleanup(self):
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info):
+        self.cleanup()
+        return False
+
+
+def wait_for(predicate, what, timeout=RECONNECT_S):
+    """Bounded poll: returns predicate()'s first truthy value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+# -- the module's servers -------------------------------------------------------------------------------
+
+RATE = 24000
+LEAD_S = 2.0
+SENTENCES = [f"Sentence {i} of a long answer that the caller will interrupt at some point." for i in range(40)]
+LONG_TEXT = " ".join(SENTENCES) + " "
+CONFIG = {"response_format": "pcm", "stream_audio": True}
+
+
+class Setup:
+    def __init__(self, redis_server):
+        self.redis = redis_server
+        self.dir = Path(tempfile.mkdtemp(prefix="redis-faults-"))
+        self.db = self.dir / "db.sqlite3"
+        self.env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_MAX_LEAD_S": str(LEAD_S),
+                    "REDIS_URL": redis_server.url(3), "DATABASE_URL": f"sqlite:///{self.db}",
+                    "MEDIA_ROOT": str(self.dir / "media")}
+        self.servers = []
+
+    def server(self, name, *, migrate=False):
+        server = DaphneServer({**self.env, "SPEECH_INSTANCE_ID": name}, migrate=migrate)
+        server.start()
+        self.servers.append(server)
+        return server
+
+    def status(self, session_id):
+        import sqlite3
+
+        with sqlite3.connect(self.db, timeout=10) as db:
+            row = db.execute("SELECT status FROM speech_sessionrecord WHERE session_id = ?", (session_id,)).fetchone()
+        return row[0] if row else None
+
+
+@pytest.fixture(scope="module")
+def setup():
+    redis_server = RedisServer().start()
+    s = Setup(redis_server)
+    try:
+        s.a = s.server("A", migrate=True)
+        s.b = s.server("B")
+        yield s
+    finally:
+        codes = [(server, server.stop()) for server in s.servers]
+        redis_server.cleanup()
+    for server, code in codes:
+        server.assert_no_traceback()
+        assert code == 0, f"exit status {code}:\n{server.stderr_text()[-3000:]}"
+        server.cleanup()
+    shutil.rmtree(s.dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_traceback(setup):
+    yield
+    for server in setup.servers:
+        server.assert_no_traceback()
+        assert server.alive() or server.proc.returncode == 0, f"a server died:\n{server.stderr_text()[-4000:]}"
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+def http(server, method, path):
+    import http.client
+    import json
+
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+async def rest(server, method, path):
+    return await asyncio.to_thread(http, server, method, path)
+
+
+def cancel_path(sid):
+    return f"/v1/audio/speech/sessions/{sid}/cancel"
+
+
+def session_path(sid):
+    return f"/v1/audio/speech/sessions/{sid}"
+
+
+def past_the_lead():
+    received = 0
+
+    def check(item):
+        nonlocal received
+        if item.kind == "audio":
+            received += len(item.data)
+        return received > (LEAD_S + 1.0) * RATE * 2
+
+    return check
+
+
+async def speaking_session(server):
+    ws = await open_session(server.ws_url)
+    sid = (await configure(ws, CONFIG))["session_id"]
+    await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
+    before = await collect(ws, until=past_the_lead())
+    assert before.close_code is None, before.types()
+    return ws, sid, before.items
+
+
+def heartbeat(setup, instance, redis_server=None):
+    """Whether `instance` has renewed its heartbeat in Redis (speech/signals.py): the REST endpoints treat
+    the sessions of an instance without one as lost."""
+    from speech.signals import HEARTBEAT_PREFIX
+
+    return (redis_server or setup.redis).has_key(HEARTBEAT_PREFIX + instance, db=3)
+
+
+def check_cancelled(items, sid, origin):
+    """items end with: [audio.done cancelled:true of the cut segment,] input.cancelled(origin)."""
+    segments, problems = segments_of(items)
+    assert problems == []
+    event = items[-1].data
+    assert event["type"] == "input.cancelled" and event["session_id"] == sid and event["origin"] == origin, event
+    cut = segments[-1]
+    assert cut.done is not None and cut.done["cancelled"] is True and cut.done["total_bytes"] == len(cut.audio)
+    assert items[-2].data is cut.done
+    assert event["total_sentences"] == cut.index + 1
+    return cut
+
+
+def check_unavailable(status_body):
+    status, body = status_body
+    assert status == 503, (status, body)
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    error = body["error"]
+    assert error["type"] == "server_error" and error["code"] == 503 and error["param"] is None
+    assert error["message"].startswith("signals are unavailable: Redis cannot be reached"), error
+
+
+async def finish_ok(ws, sid, next_index):
+    """The session still works: a new sentence is spoken with the next free index, then session.done."""
+    await send_json(ws, {"type": "input.text", "text": "Still speaking fine. "})
+    await send_json(ws, {"type": "input.done"})
+    rest_ = await collect(ws)
+    segments, problems = segments_of(rest_.items)
+    assert problems == []
+    assert [(s.index, s.start["sentence_text"]) for s in segments] == [(next_index, "Still speaking fine.")]
+    assert segments[0].done["total_bytes"] == len(segments[0].audio) > 0
+    assert rest_.events[-1] == {"type": "session.done", "session_id": sid, "total_sentences": next_index + 1}
+    assert rest_.close_code == 1000
+
+
+# -- the sequence -----------------------------------------------------------------------------------------
+# The tests run in file order and share the servers: up, down, back up, down at an instance's start.
+
+async def test_1_with_redis_up_a_cancel_on_b_reaches_a(setup):
+    ws, sid, items = await speaking_session(setup.a)
+    try:
+        assert await rest(setup.b, "POST", cancel_path(sid)) == (
+            202, {"session_id": sid, "signal": "cancel", "status": "accepted"})
+        after = await collect(ws, until=is_event("input.cancelled"))
+        cut = check_cancelled(items + after.items, sid, "server")
+        await finish_ok(ws, sid, cut.index + 1)
+    finally:
+        await ws.close()
+    assert setup.redis.pattern_subscribers() == 1  # A's listener; B hosts no session
+
+
+async def test_2_with_redis_down_sessions_work_and_control_answers_503(setup):
+    setup.redis.kill()
+
+    # A new session on A works end to end, and the registry still records it.
+    result = await run_session(setup.a.ws_url, CONFIG, ["Redis is gone. ", "Speech goes on."])
+    segments, problems = segments_of(result.items)
+    assert problems == []
+    assert [s.start["sentence_text"] for s in segments] == ["Redis is gone.", "Speech goes on."]
+    assert all(s.done["total_bytes"] == len(s.audio) > 0 for s in segments)
+    assert result.events[-1]["type"] == "session.done" and result.close_code == 1000
+    wait_for(lambda: setup.status(result.configured["session_id"]) == "completed", "registry outcome")
+
+    ws, sid, items = await speaking_session(setup.a)
+    try:
+        # The cross-instance endpoints answer 503 with the envelope, on B and on A itself.
+        for server in (setup.b, setup.a):
+            check_unavailable(await rest(server, "POST", cancel_path(sid)))
+            check_unavailable(await rest(server, "DELETE", session_path(sid)))
+        # Unknown sessions are still 404: the registry answers without Redis.
+        status, body = await rest(setup.b, "POST", cancel_path(f"speech_ws_{uuid.uuid4().hex}"))
+        assert status == 404 and body["error"]["type"] == "not_found_error"
+
+        # Local barge-in works.
+        await send_json(ws, {"type": "input.cancel"})
+        after = await collect(ws, until=is_event("input.cancelled"))
+        assert after.close_code is None, after.types()
+        cut = check_cancelled(items + after.items, sid, "client")
+        await finish_ok(ws, sid, cut.index + 1)
+    finally:
+        await ws.close()
+    wait_for(lambda: setup.status(sid) == "completed", "registry outcome")
+    for server in (setup.a, setup.b):
+        server.assert_no_traceback()
+    assert "signals: Redis unavailable" in setup.a.stderr_text()
+
+
+async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
+    ws, sid, items = await speaking_session(setup.a)  # opened while Redis is still down
+    try:
+        check_unavailable(await rest(setup.b, "POST", cancel_path(sid)))
+        setup.redis.start()  # same port, empty
+        # A's listener resubscribes on its own (backoff) and renews its heartbeat; until then a published
+        # signal would find no one, so wait for both, then for B's publisher to answer 202.
+        wait_for(lambda: setup.redis.pattern_subscribers() >= 1, "A's signal listener resubscribed")
+        wait_for(lambda: heartbeat(setup, "A"), "A's heartbeat renewed")  # else its sessions look lost
+
+        def cancel_accepted():
+            status, body = http(setup.b, "POST", cancel_path(sid))
+            if status == 503:
+                return None
+            assert (status, body) == (202, {"session_id": sid, "signal": "cancel", "status": "accepted"})
+            return True
+
+        await asyncio.to_thread(wait_for, cancel_accepted, "B's REST cancel accepted again")
+        after = await collect(ws, until=is_event("input.cancelled"))
+        assert after.close_code is None, after.types()
+        items += after.items
+        check_cancelled(items, sid, "server")
+
+        # Terminate flows too.
+        await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
+        more = await collect(ws, until=past_the_lead())
+        assert await rest(setup.b, "DELETE", session_path(sid)) == (
+            202, {"session_id": sid, "signal": "terminate", "status": "accepted"})
+        end = await collect(ws)
+        assert end.close_code == 4001
+        assert (more.items + end.items)[-1].data == {
+            "type": "error", "message": "speech session terminated by the server", "error_type": "server_error"}
+    finally:
+        await ws.close()
+    wait_for(lambda: setup.status(sid) == "terminated", "registry outcome")
+    assert "signals: Redis is reachable again; listening" in setup.a.stderr_text()
+
+
+async def test_4_an_instance_started_while_redis_is_down_serves_and_joins_later(setup):
+    setup.redis.kill()
+    c = setup.server("C")  # its first session subscribes with Redis away
+    ws, sid, items = await speaking_session(c)
+    try:
+        check_unavailable(await rest(setup.b, "POST", cancel_path(sid)))
+        await send_json(ws, {"type": "input.cancel"})
+        after = await collect(ws, until=is_event("input.cancelled"))
+        items += after.items
+        check_cancelled(items, sid, "client")
+
+        setup.redis.start()
+        wait_for(lambda: setup.redis.pattern_subscribers() >= 2, "A's and C's listeners subscribed")
+        wait_for(lambda: heartbeat(setup, "C"), "C's heartbeat written")
+        await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
+        await collect(ws, until=past_the_lead())
+
+        def terminate_accepted():
+            status, body = http(setup.b, "DELETE", session_path(sid))
+            return None if status == 503 else (status, body)
+
+        status, body = await asyncio.to_thread(wait_for, terminate_accepted, "B's REST terminate accepted")
+        assert status == 202, body
+        end = await collect(ws)
+        assert end.close_code == 4001 and end.events[-1]["message"] == "speech session terminated by the server"
+    finally:
+        await ws.close()
+    wait_for(lambda: setup.status(sid) == "terminated", "registry outcome")
+
+
+async def test_5_sigterm_with_redis_down_still_ends_sessions_cleanly(setup):
+    setup.redis.kill()
+    c = setup.servers[-1]
+    assert c.alive()
+    ws, sid, items = await speaking_session(c)
+    try:
+        c.proc.send_signal(signal.SIGTERM)
+        end = await collect(ws)
+        await asyncio.to_thread(c.proc.wait, 30)
+    finally:
+        await ws.close()
+    assert end.close_code == 4001
+    assert end.events[-1] == {"type": "error", "message": "speech session terminated: the server is shutting down",
+                              "error_type": "server_error"}
+    assert c.proc.returncode == 0, c.stderr_text()[-3000:]
+    assert setup.status(sid) == "terminated"  # written before the process exited
+    c.assert_no_traceback()
+
+
+# -- a failover the listener cannot see ---------------------------------------------------------------------
+
+class SilentFailoverProxy:
+    """A TCP proxy in front of Redis that can fail over the way a moved virtual IP or a replaced host
+    does: `failover(port)` sends new connections to another redis-server, while every connection
+    opened before it goes silent -- kept open, nothing forwarded, no FIN, no RST -- because the peer
+    that knew it is gone. Threads, so it runs whatever the test's event loop is doing."""
+
+    def __init__(self, backend_port):
+        import socket as socket_module
+        import threading
+
+        self._socket = socket_module
+        self._threading = threading
+        self.backend_port = backend_port
+        self.generation = 0
+        self.closed = False
+        self.sockets = []
+        self.listener = socket_module.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, db=0):
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def failover(self, new_backend_port):
+        self.generation += 1
+        self.backend_port = new_backend_port
+
+    def close(self):
+        self.closed = True
+        for sock in [self.listener, *self.sockets]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            generation = self.generation
+            try:
+                upstream = self._socket.create_connection(("127.0.0.1", self.backend_port), timeout=2)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            self.sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                self._threading.Thread(target=self._pump, args=(src, dst, generation), daemon=True).start()
+
+    def _pump(self, src, dst, generation):
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            stale = generation != self.generation
+            if not data:
+                if not stale:  # a normal end: pass it on
+                    for sock in (src, dst):
+                        try:
+                            sock.shutdown(self._socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                return  # stale: the other side never hears of it
+            if stale:
+                continue  # swallowed
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+
+async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
+    """Redis comes back empty behind the same address while E's old connections go silent: until E's
+    listener notices and renews its heartbeat, F cannot vouch for E. (Failed while F then wrote E's live
+    session as 'failed' and answered 404 for good.)"""
+    first = RedisServer().start()
+    second = RedisServer()
+    proxy = SilentFailoverProxy(first.port)
+    try:
+        env = {**setup.env, "REDIS_URL": proxy.url(3)}
+        e = DaphneServer({**env, "SPEECH_INSTANCE_ID": "E"}, migrate=False).start()
+        setup.servers.append(e)
+        f = DaphneServer({**env, "SPEECH_INSTANCE_ID": "F"}, migrate=False).start()
+        setup.servers.append(f)
+        ws, sid, items = await speaking_session(e)
+        try:
+            # Before: signals flow through the proxy.
+            assert first.pattern_subscribers() == 1
+            assert (await rest(f, "POST", cancel_path(sid)))[0] == 202
+            after = await collect(ws, until=is_event("input.cancelled"))
+            check_cancelled(items + after.items, sid, "server")
+            await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
+            more = await collect(ws, until=past_the_lead())
+
+            proxy.failover(second.port)  # E's connections go silent; new ones reach an empty Redis
+            first.kill()
+            second.start()
+
+            # While the control plane cannot vouch for E, 503 is a fair answer; the first other answer
+            # must be 202 (E is alive and its listener comes back on its own), never 404.
+            def first_answer():
+                status, body = http(f, "POST", cancel_path(sid))
+                return None if status == 503 else (status, body)
+
+            status, body = await asyncio.to_thread(wait_for, first_answer, "F's REST cancel answered")
+            assert setup.status(sid) == "active"
+            assert status == 202, body
+            after = await collect(ws, until=is_event("input.cancelled"))
+            check_cancelled(more.items + after.items, sid, "server")
+        finally:
+            await ws.close()
+    finally:
+        proxy.close()
+        first.cleanup()
+        second.cleanup()
+
+
+async def test_7_signals_flow_again_after_a_silent_failover(setup):
+    """The listener notices a connection that went silent (no FIN/RST) and resubscribes on the new Redis."""
+    first = RedisServer().start()
+    second = RedisServer()
+    proxy = SilentFailoverProxy(first.port)
+    try:
+        env = {**setup.env, "REDIS_URL": proxy.url(3)}
+        g = DaphneServer({**env, "SPEECH_INSTANCE_ID": "G"}, migrate=False).start()
+        setup.servers.append(g)
+        h = DaphneServer({**env, "SPEECH_INSTANCE_ID": "H"}, migrate=False).start()
+        setup.servers.append(h)
+        ws, sid, items = await speaking_session(g)
+        try:
+            assert first.pattern_subscribers() == 1
+            proxy.failover(second.port)
+            first.kill()
+            second.start()
+            # Bounded: a dead subscription must be noticed within seconds, not TCP's minutes.
+            await asyncio.to_thread(wait_for, lambda: second.pattern_subscribers() >= 1,
+                                    "G's listener resubscribed on the new Redis", 20.0)
+            await asyncio.to_thread(wait_for, lambda: heartbeat(setup, "G", second), "G's heartbeat renewed")
+
+            def accepted():
+                status, body = http(h, "POST", cancel_path(sid))
+                return None if status == 503 else (status, body)
+
+            status, body = await asyncio.to_thread(wait_for, accepted, "H's REST cancel answered")
+            assert status == 202, body
+            after = await collect(ws, until=is_event("input.cancelled"))
+            check_cancelled(items + after.items, sid, "server")
+        finally:
+            await ws.close()
+    finally:
+        proxy.close()
+        first.cleanup()
+        second.cleanup()
+
+
+async def test_8_a_live_session_is_not_declared_lost_when_its_heartbeat_key_is_lost(setup):
+    first = RedisServer().start()
+    standby = RedisServer().start()  # already running, empty: no heartbeat of anyone
+    proxy = SilentFailoverProxy(first.port)
+    try:
+        env = {**setup.env, "REDIS_URL": proxy.url(3)}
+        e = DaphneServer({**env, "SPEECH_INSTANCE_ID": "E8"}, migrate=False).start()
+        setup.servers.append(e)
+        f = DaphneServer({**env, "SPEECH_INSTANCE_ID": "F8"}, migrate=False).start()
+        setup.servers.append(f)
+        ws, sid, items = await speaking_session(e)
+        try:
+            from speech.signals import STALE_S
+
+            def uptime():
+                with standby.client() as client:
+                    return int(client.info("server")["uptime_in_seconds"])
+
+            # The standby has been up long enough not to count as "just restarted".
+            await asyncio.to_thread(wait_for, lambda: uptime() > 2 * STALE_S + 1, "standby uptime", 60.0)
+            proxy.failover(standby.port)
+            first.kill()
+
+            def first_answer():
+                status, body = http(f, "POST", cancel_path(sid))
+                return None if status == 503 else (status, body)
+
+            status, body = await asyncio.to_thread(wait_for, first_answer, "F's REST cancel answered")
+            assert setup.status(sid) == "active", "a live session was written as ended"
+            assert status == 202, body
+            after = await collect(ws, until=is_event("input.cancelled"))
+            check_cancelled(items + after.items, sid, "server")
+        finally:
+            await ws.close()
+    finally:
+        proxy.close()
+        first.cleanup()
+        standby.cleanup()
