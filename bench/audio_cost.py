@@ -23,8 +23,6 @@ import argparse
 import asyncio
 import datetime
 import os
-import platform
-import re
 import statistics
 import sys
 import time
@@ -34,6 +32,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from report import RESULTS, machine_facts, write_section  # noqa: E402
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
 import django  # noqa: E402
@@ -46,7 +46,6 @@ from speech.engines.hibari import HibariEngine  # noqa: E402
 from speech.protocol import SAMPLE_RATES  # noqa: E402
 from speech.transforms import Chain, plan_speed  # noqa: E402
 
-RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## Encoding and resampling cost (bench/audio_cost.py)"
 TARGET_RATIO = 0.10
 SEED = 7
@@ -125,38 +124,6 @@ def timed(repeat, fn, *args):
 
 
 # -- report ------------------------------------------------------------------------------------------
-
-def machine_facts():
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": cpu or platform.processor() or "unknown",
-        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
-    }
-
-
-def write_results(section_text):
-    if RESULTS.exists():
-        text = RESULTS.read_text()
-    else:
-        text = ("# Benchmark results\n\nWritten by the scripts in `bench/` (`make bench`); each script replaces "
-                "only its own section.\n")
-    pattern = re.compile(r"^" + re.escape(SECTION) + r"\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section_text, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section_text
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-
 
 def verdict(ratio):
     return "PASS" if ratio < TARGET_RATIO else "FAIL"
@@ -271,7 +238,7 @@ def main(argv=None):
         "",
     ])
     if not args.no_write:
-        write_results(section)
+        write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 1 if args.strict and (failed or stretch_failed) else 0
 

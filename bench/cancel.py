@@ -36,10 +36,7 @@ import collections
 import datetime
 import http.client
 import json
-import os
-import platform
 import random
-import re
 import shutil
 import sys
 import tempfile
@@ -51,10 +48,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from report import RESULTS, machine_facts, write_section  # noqa: E402
+
 from tests.live import DaphneServer, configure, open_session, recv_item, send_json  # noqa: E402
 from tests.test_redis_faults import RedisServer  # noqa: E402
 
-RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## Cancel latency (bench/cancel.py)"
 TARGET_FRAMES_AFTER = 1  # local: at most one audio frame after input.cancel (paced regime, every trial)
 TARGET_CROSS_P99_MS = 50.0
@@ -256,38 +254,6 @@ def frames_table(local):
     return "\n".join(lines)
 
 
-def machine_facts():
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": cpu or platform.processor() or "unknown",
-        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
-    }
-
-
-def write_results(section_text):
-    if RESULTS.exists():
-        text = RESULTS.read_text()
-    else:
-        text = ("# Benchmark results\n\nWritten by the scripts in `bench/` (`make bench`); each script replaces "
-                "only its own section.\n")
-    pattern = re.compile(r"^" + re.escape(SECTION) + r"\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section_text, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section_text
-    RESULTS.write_text(text.rstrip("\n") + "\n")
-
-
 # -- main ---------------------------------------------------------------------------------------------------------
 
 def main(argv=None):
@@ -397,7 +363,7 @@ def main(argv=None):
         "",
     ])
     if not args.no_write:
-        write_results(section)
+        write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 1 if args.strict and "FAIL" in (local_verdict, cross_verdict) else 0
 

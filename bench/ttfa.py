@@ -31,7 +31,6 @@ import asyncio
 import datetime
 import json
 import os
-import platform
 import re
 import sys
 import time
@@ -42,9 +41,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from report import RESULTS, machine_facts, write_section  # noqa: E402
+
 from tests.live import DaphneServer, open_session, recv_item  # noqa: E402
 
-RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## Time to first audio (bench/ttfa.py)"
 TARGET_P50_MS = 2.0
 TARGET_P99_MS = 5.0
@@ -180,43 +180,11 @@ def stats_ms(values):
             "min": float(ms.min()), "max": float(ms.max())}
 
 
-def machine_facts():
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu": cpu or platform.processor() or "unknown",
-        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
-    }
-
-
 def table(rows):
     lines = ["| measure | p50 ms | p99 ms | mean ms | min ms | max ms |", "|---|---:|---:|---:|---:|---:|"]
     for name, s in rows:
         lines.append(f"| {name} | {s['p50']:.2f} | {s['p99']:.2f} | {s['mean']:.2f} | {s['min']:.2f} | {s['max']:.2f} |")
     return "\n".join(lines)
-
-
-def write_results(section_text):
-    if RESULTS.exists():
-        text = RESULTS.read_text()
-    else:
-        text = ("# Benchmark results\n\nWritten by the scripts in `bench/` (`make bench`); each script replaces "
-                "only its own section.\n")
-    pattern = re.compile(r"^" + re.escape(SECTION) + r"\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section_text, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section_text
-    RESULTS.write_text(text.rstrip("\n") + "\n")
 
 
 # -- main --------------------------------------------------------------------------------------------
@@ -315,7 +283,7 @@ def main(argv=None):
         "",
     ])
     if not args.no_write:
-        write_results(section)
+        write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 1 if args.strict and "FAIL" in (verdict_p50, verdict_p99) else 0
 

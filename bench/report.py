@@ -1,0 +1,41 @@
+"""What every benchmark script shares: the machine's facts and its own section of RESULTS.md."""
+
+import os
+import platform
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def machine_facts():
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu or platform.processor() or "unknown",
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
+    }
+
+
+def write_section(heading, section_text):
+    """Replace (or add) the section that starts with `heading`; other sections stay as they are."""
+    if RESULTS.exists():
+        text = RESULTS.read_text()
+    else:
+        text = ("# Benchmark results\n\nWritten by the scripts in `bench/` (`make bench`); each script replaces "
+                "only its own section.\n")
+    pattern = re.compile(r"^" + re.escape(heading) + r"\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section_text, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section_text
+    RESULTS.write_text(text.rstrip("\n") + "\n")
