@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export HOST PORT
 
-.PHONY: run test bench install install-dev migrate clean
+.PHONY: run test bench install install-dev system-test-deps migrate clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,16 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
 	touch $@
 
+# Debian packages the tests use: a real browser for the admin, redis-server for the fault tests.
+SYSTEM_TEST_PACKAGES := chromium chromium-driver redis-server
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+system-test-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v redis-server >/dev/null || \
+	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SYSTEM_TEST_PACKAGES); }
+
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-dev
+install-dev: $(VENV)/.installed-dev system-test-deps
 
 migrate: install
 	$(PY) manage.py migrate --noinput
