@@ -116,3 +116,21 @@ async def speech():
     yield make
     for harness in made:  # a failed test must not leak tasks into the next one
         await asyncio.wait_for(harness.session.aclose(), HANG_GUARD_S)
+
+
+@pytest.fixture
+def process_engine(monkeypatch):
+    """The process's engine (speech.engines.get_engine) is a FakeEngine: voices 'fake' and 'alt'."""
+    import speech.engines
+
+    fake = FakeEngine()
+    monkeypatch.setattr(speech.engines, "_engine", fake)
+    return fake
+
+
+@pytest.fixture
+def media(settings, tmp_path):
+    """MEDIA_ROOT in a temporary folder: no test writes into the project's media/."""
+    root = tmp_path / "media"
+    settings.MEDIA_ROOT = str(root)
+    return root

@@ -16,7 +16,6 @@ from django.utils import formats, timezone
 
 from speech import auth
 from speech.admin import VoiceUploadForm
-from speech.engines.fake import FakeEngine
 from speech.models import ApiKey, Voice
 from speech.voices import create_voice
 
@@ -32,19 +31,8 @@ KEY_IN_MESSAGE = re.compile(r"<code>(tts_[0-9a-f]{8}\.[A-Za-z0-9_-]+)</code>")
 
 
 @pytest.fixture(autouse=True)
-def engine(monkeypatch):
-    import speech.engines
-
-    fake = FakeEngine()
-    monkeypatch.setattr(speech.engines, "_engine", fake)
-    return fake
-
-
-@pytest.fixture
-def media(settings, tmp_path):
-    root = tmp_path / "media"
-    settings.MEDIA_ROOT = str(root)
-    return root
+def engine(process_engine):
+    return process_engine
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from django.core.asgi import get_asgi_application
 from django.utils import timezone
 
 from speech.bodylimit import UploadLimit
-from speech.engines.fake import FakeEngine
 from speech.models import AccessToken, ApiKey, Voice
 
 from . import audio_samples as samples
@@ -24,20 +23,14 @@ CONSENT = "Recorded with the speaker's written consent."
 
 
 @pytest.fixture(autouse=True)
-def engine(monkeypatch):
-    import speech.engines
-
-    fake = FakeEngine()
-    monkeypatch.setattr(speech.engines, "_engine", fake)
-    return fake
+def engine(process_engine):
+    return process_engine
 
 
 @pytest.fixture
-def media(settings, tmp_path):
-    root = tmp_path / "media"
-    settings.MEDIA_ROOT = str(root)
+def media(media, settings):
     settings.SPEECH_REQUIRE_API_KEY = False
-    return root
+    return media
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from speech import voices
-from speech.engines.fake import FakeEngine
 from speech.models import Voice
 from speech.voices import VoiceError, check_claims, check_name, create_voice, delete_voice, find_voice, inspect_audio
 
@@ -23,20 +22,8 @@ STORED_NAME = re.compile(r"^voices/[0-9a-f]{32}\.(wav|flac|mp3|ogg|m4a|webm)$")
 
 
 @pytest.fixture(autouse=True)
-def engine(monkeypatch):
-    """The process engine is a FakeEngine (voices 'fake', 'alt'): no model is loaded for these tests."""
-    import speech.engines
-
-    fake = FakeEngine()
-    monkeypatch.setattr(speech.engines, "_engine", fake)
-    return fake
-
-
-@pytest.fixture
-def media(settings, tmp_path):
-    root = tmp_path / "media"
-    settings.MEDIA_ROOT = str(root)
-    return root
+def engine(process_engine):
+    return process_engine
 
 
 def files_under(root):
