@@ -1,4 +1,5 @@
-"""REST endpoints: reference voices (sglang-omni compatible), browser tokens, session control.
+"""REST endpoints: one-shot speech (OpenAI-compatible), reference voices (sglang-omni compatible),
+browser tokens, session control.
 
 Errors use the contract's envelope `{"error": {"message", "type", "param", "code"}}` (§8). With
 SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
@@ -6,17 +7,25 @@ SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
+
+import numpy as np
+from asgiref.sync import sync_to_async
 
 from django.core.files.uploadhandler import FileUploadHandler, StopUpload
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import auth, registry, signals, voices
+from . import auth, oneshot, protocol, registry, signals, voices
+from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .conf import conf
 from .engines import get_engine
-from .errors import BAD_REQUEST, SERVER_ERROR
+from .errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
 from .models import Voice
+
+logger = logging.getLogger(__name__)
 
 MULTIPART_SLACK = 64 * 1024  # room for the form's other fields and boundaries
 
@@ -157,3 +166,87 @@ def session_cancel(request, session_id):
 @api_view("DELETE")
 def session_terminate(request, session_id):
     return _signal(request, session_id, signals.TERMINATE)
+
+
+CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
+                 "opus": "audio/ogg", "aac": "audio/aac", "mulaw": "audio/basic", "alaw": "audio/x-alaw-basic"}
+
+
+@csrf_exempt
+async def speech(request):
+    """OpenAI-compatible `POST /v1/audio/speech`: the WebSocket's config rules, plus `input` and `stream`."""
+    if request.method != "POST":
+        response = error(405, f"method {request.method} is not allowed here")
+        response["Allow"] = "POST"
+        return response
+    key = await sync_to_async(auth.key_for)(auth.bearer(request.META))
+    if conf.REQUIRE_API_KEY and key is None:
+        return error(401, auth.AUTH_FAILED, type="authentication_error")
+    try:
+        body = protocol.parse_message(request.body.decode("utf-8", "replace"))
+        text, stream = body.pop("input", None), body.pop("stream", False)
+        if not isinstance(text, str) or not text.strip():
+            raise SpeechError("input must be a non-empty string", param="input")
+        if len(text) > conf.MAX_SEGMENT_CHARS:
+            raise SpeechError(f"input must be at most {conf.MAX_SEGMENT_CHARS} characters", param="input")
+        if not isinstance(stream, bool):
+            raise SpeechError("stream must be a boolean", param="stream")
+        engine = get_engine()
+        config = await _config(body, engine)
+        if stream and config.response_format not in RAW_FORMATS:
+            raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
+    except SpeechError as exc:
+        return error(exc.code or 400, exc.message, type=exc.error_type, param=exc.param)
+    audio = oneshot.synthesize(engine, config, text)
+    if stream:
+        try:  # the first audio before the headers: a failure is still a proper error response
+            first = await anext(audio)
+        except StopAsyncIteration:
+            first = None
+        except SpeechError as exc:
+            return _synthesis_error(exc)
+        response = StreamingHttpResponse(_stream(audio, first, RawEncoder(config.response_format, config.sample_rate)),
+                                         content_type=CONTENT_TYPES[config.response_format])
+        response["X-Sample-Rate"], response["X-Channels"], response["X-Bit-Depth"] = str(config.sample_rate), "1", "16"
+        return response
+    try:
+        chunks = [chunk async for chunk in audio]
+        if not chunks:
+            raise EncodingError("the engine produced no audio")
+        samples = np.concatenate(chunks)
+        fmt = config.response_format
+        data = (RawEncoder(fmt, config.sample_rate).encode(samples) if fmt in RAW_FORMATS
+                else await asyncio.to_thread(encode_file, fmt, samples, config.sample_rate))
+    except (SpeechError, EncodingError) as exc:
+        return _synthesis_error(exc)
+    response = HttpResponse(data, content_type=CONTENT_TYPES[config.response_format])
+    response["X-Sample-Rate"] = str(config.sample_rate)
+    return response
+
+
+async def _config(body, engine):
+    try:
+        return protocol.parse_config(body, engine.capabilities)
+    except protocol.UnknownVoice as unknown:
+        reference = await sync_to_async(voices.find_voice)(unknown.requested)
+        if reference is None:
+            raise
+        return protocol.parse_config(body, engine.capabilities, reference)
+
+
+def _synthesis_error(exc):
+    message = str(exc)
+    return error(503 if message == QUEUE_FULL_MESSAGE else 500, message, type=SERVER_ERROR)
+
+
+async def _stream(audio, first, encoder):
+    """Raw bytes as they are made; a failure past the first byte can only end the stream early."""
+    try:
+        if first is not None:
+            yield encoder.encode(first)
+        async for chunk in audio:
+            yield encoder.encode(chunk)
+    except SpeechError as exc:
+        logger.warning("speech stream ended early: %s", exc)
+    finally:
+        await audio.aclose()

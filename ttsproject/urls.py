@@ -6,6 +6,7 @@ from speech import api, views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("v1/audio/speech", api.speech, name="speech"),
     path("v1/audio/voices", api.voice_list, name="voice-list"),
     path("v1/audio/voices/<str:name>", api.voice_detail, name="voice-detail"),
     path("v1/audio/speech/tokens", api.speech_tokens, name="speech-tokens"),
