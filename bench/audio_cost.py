@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from report import RESULTS, machine_facts, write_section  # noqa: E402
+from report import RESULTS, header, write_section  # noqa: E402
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
 import django  # noqa: E402
@@ -206,19 +205,12 @@ def main(argv=None):
     print()
     print(stretch_table)
 
-    facts = machine_facts()
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     summary = (f"{passed} of {len(rows)} format/rate rows under {TARGET_RATIO:.0%} of synthesis time"
                + (f"; over it: {', '.join(failed_formats)} (" + ", ".join(f"{f}@{r}" for f, r in failed) + ")"
                   if failed else "") + ". "
                + f"Time-stretch: {len(stretch_rows) - len(stretch_failed)} of {len(stretch_rows)} rows under target.")
     section = "\n".join([
-        SECTION,
-        "",
-        f"* Date: {when}",
-        f"* Machine: {facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, {facts['platform']}, "
-        f"load average at the end {facts['load']}",
-        f"* Command: `{command}`",
+        *header(SECTION, command),
         f"* {seconds:.1f} s of Hibari speech ({count} sentences, seed {SEED}, 24 kHz) synthesised in-process by "
         f"`HibariEngine(workers=1)`: **{synth_ms:.2f} ms of synthesis per second of audio** (median of 3 passes, "
         "after warm-up). Each row runs every segment the pipeline's way: `Chain(24000, output_rate)` per segment "

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import datetime
 import http.client
 import json
 import random
@@ -48,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from report import RESULTS, machine_facts, write_section  # noqa: E402
+from report import RESULTS, header, write_section  # noqa: E402
 
 from tests.live import DaphneServer, configure, open_session, recv_item, send_json  # noqa: E402
 from tests.test_redis_faults import RedisServer  # noqa: E402
@@ -330,15 +329,9 @@ def main(argv=None):
     print()
     print(verdict)
 
-    facts = machine_facts()
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = "\n".join([
-        SECTION,
-        "",
-        f"* Date: {when}",
-        f"* Machine: {facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, {facts['platform']}, "
-        f"load average at the end {facts['load']}",
-        f"* Command: `{command}` ({elapsed:.0f} s)",
+        *header(SECTION, command),
+        f"* Run time: {elapsed:.0f} s",
         f"* Two daphne instances (`manage.py serve`, engine Hibari, SPEECH_MAX_LEAD_S={args.lead:g}) sharing a "
         f"temp SQLite database and {'a private redis-server' if redis_server else 'Redis'}; one reused WebSocket "
         "session on A per part (pcm, stream_audio, a new utterance after every cancel). "

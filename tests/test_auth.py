@@ -12,25 +12,22 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
-from django.urls import path
 from django.utils import timezone
 
 import speech.slots
 from speech import auth
-from speech.consumers import SpeechStreamConsumer
 from speech.engines.fake import FakeEngine
 from speech.models import AccessToken, ApiKey, Voice
 from speech.slots import LocalSlots
 from speech.voices import create_voice
 
 from . import audio_samples as samples
+from .communicator import HANG_GUARD_S, PATH, application, event, output, send
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# reserved_names() asks the process engine: a FakeEngine (conftest), so no model is loaded.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("process_engine")]
 
-PATH = "/v1/audio/speech/stream"
-HANG_GUARD_S = 5
 AUTH_EVENT = {"type": "error", "message": "Invalid or missing API key", "error_type": "authentication_error",
               "code": 401}
 
@@ -41,14 +38,6 @@ def limit_event(limit):
 
 
 # -- fixtures --------------------------------------------------------------------------------------------
-
-@pytest.fixture(autouse=True)
-def process_engine(monkeypatch):
-    """reserved_names() asks the process engine: a FakeEngine, so no model is loaded."""
-    import speech.engines
-
-    monkeypatch.setattr(speech.engines, "_engine", FakeEngine())
-
 
 @pytest.fixture(autouse=True)
 def slots(monkeypatch):
@@ -71,12 +60,6 @@ def keys_off(settings):
 @pytest.fixture
 def key(transactional_db):
     return ApiKey.issue("client")
-
-
-@pytest.fixture
-def media(settings, tmp_path):
-    settings.MEDIA_ROOT = str(tmp_path / "media")
-    return tmp_path / "media"
 
 
 @pytest.fixture
@@ -103,28 +86,7 @@ async def ws():
             pass
 
 
-def application(engine):
-    return URLRouter([path("v1/audio/speech/stream", SpeechStreamConsumer.as_asgi(engine=engine))])
-
-
 # -- helpers ------------------------------------------------------------------------------------------------
-
-async def output(comm):
-    return await comm.receive_output(HANG_GUARD_S)
-
-
-async def event(comm, type_=None):
-    message = await output(comm)
-    assert message["type"] == "websocket.send" and message.get("text") is not None, message
-    value = json.loads(message["text"])
-    if type_ is not None:
-        assert value["type"] == type_, value
-    return value
-
-
-async def send(comm, obj):
-    await comm.send_to(text_data=json.dumps(obj))
-
 
 async def configure(comm, **config):
     await send(comm, {"type": "session.config", "session": config})

@@ -10,47 +10,19 @@ import json
 import re
 
 import pytest
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
-from django.urls import path
 
-from speech.consumers import SpeechStreamConsumer
 from speech.engines.fake import FakeEngine
-from speech.origin import origin_policy
+
+from .communicator import HANG_GUARD_S, PATH, application, event, output, send
 
 # The handshake looks uploaded voices up in the database (from the consumer's DB thread).
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PATH = "/v1/audio/speech/stream"
-HANG_GUARD_S = 5
-
-
-def application(engine):
-    return origin_policy(URLRouter([path("v1/audio/speech/stream", SpeechStreamConsumer.as_asgi(engine=engine))]))
-
-
 def communicator(engine, origin=None):
     headers = [(b"origin", origin.encode("latin1"))] if origin is not None else []
     return WebsocketCommunicator(application(engine), PATH, headers=headers)
-
-
-async def output(comm):
-    """The next raw ASGI message the application sent: websocket.send (text or bytes) or websocket.close."""
-    return await comm.receive_output(HANG_GUARD_S)
-
-
-async def event(comm, type_=None):
-    message = await output(comm)
-    assert message["type"] == "websocket.send" and message.get("text") is not None, message
-    value = json.loads(message["text"])
-    if type_ is not None:
-        assert value["type"] == type_, value
-    return value
-
-
-async def send(comm, obj):
-    await comm.send_to(text_data=json.dumps(obj, ensure_ascii=False))
 
 
 async def connected(engine, origin=None, **config):

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
-from tests.live import DaphneServer, run_session, segments_of
-from tests.speech_check import WHISPER_RATE, load_whisper, normalise, transcribe, wer
+from tests.live import run_session, segments_of, serving
+from tests.speech_check import WHISPER_RATE, normalise, transcribe, wer
 
 from .decoders import (
     best_lag,
@@ -44,21 +44,10 @@ AAC_PRIMING = 1024
 
 @pytest.fixture(scope="module")
 def server():
-    srv = DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
-                        # no real-time pacing in these tests: a 13 s segment at speed 0.25 comes at once
-                        "SPEECH_MAX_LEAD_S": "600"}).start()
-    try:
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
+                  # no real-time pacing in these tests: a 13 s segment at speed 0.25 comes at once
+                  "SPEECH_MAX_LEAD_S": "600"}) as srv:
         yield srv
-    finally:
-        srv.stop()
-    srv.assert_no_traceback()
-    assert srv.stopped_by_sigterm
-    srv.cleanup()
-
-
-@pytest.fixture(scope="module")
-def whisper():
-    return load_whisper()
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,7 @@ from tests.live import (
     run_session,
     segments_of,
     send_json,
+    serving,
 )
 from tests.speech_check import pcm16_to_float, rms
 
@@ -55,15 +56,8 @@ EXPECTED_LIMITS = {
 
 @pytest.fixture(scope="module")
 def server():
-    srv = DaphneServer(SERVER_ENV).start()
-    try:
+    with serving(SERVER_ENV) as srv:
         yield srv
-    finally:
-        code = srv.stop()
-    srv.assert_no_traceback()
-    assert srv.stopped_by_sigterm, "the server did not stop on SIGTERM within the bounded wait"
-    assert code == 0, f"server exit status {code} after SIGTERM at module end"
-    srv.cleanup()
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ import wave
 import numpy as np
 import pytest
 
-from tests.live import DaphneServer, run_session, segments_of
-from tests.speech_check import load_whisper, normalise, pcm16_to_float, rms, transcribe, wer
+from tests.live import run_session, segments_of, serving
+from tests.speech_check import normalise, pcm16_to_float, rms, transcribe, wer
 
 RATE = 24000
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "I have 3 apples.", "It is raining in Paris today."]
@@ -21,19 +21,8 @@ SENTENCES = ["The quick brown fox jumps over the lazy dog.", "I have 3 apples.",
 
 @pytest.fixture(scope="module")
 def server():
-    srv = DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}).start()
-    try:
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
         yield srv
-    finally:
-        srv.stop()
-    srv.assert_no_traceback()
-    assert srv.stopped_by_sigterm
-    srv.cleanup()
-
-
-@pytest.fixture(scope="module")
-def whisper():
-    return load_whisper()
 
 
 @pytest.fixture(autouse=True)

@@ -9,17 +9,16 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.live import DaphneServer
-from tests.speech_check import load_whisper, pcm16_to_float, rms, transcribe, wer
+from tests.live import serving
+from tests.speech_check import pcm16_to_float, rms, transcribe, wer
 
 TEXT = "Hello there. I have 3 apples and a green pear."
 
 
 @pytest.fixture(scope="module")
 def server():
-    with DaphneServer({"SPEECH_ENGINE": "hibari"}) as srv:
+    with serving({"SPEECH_ENGINE": "hibari"}) as srv:
         yield srv
-        srv.assert_no_traceback()
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +26,6 @@ def client(server):
     from openai import OpenAI
 
     return OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def whisper():
-    return load_whisper()
 
 
 def test_sdk_file_response_is_heard(client, whisper):
