@@ -191,8 +191,13 @@ async def speech(request):
             raise SpeechError(f"input must be at most {conf.MAX_SEGMENT_CHARS} characters", param="input")
         if not isinstance(stream, bool):
             raise SpeechError("stream must be a boolean", param="stream")
+        # OpenAI's stream_format: "audio" is raw audio as it is made (what upstream engines ask for); no SSE
+        stream_format = body.pop("stream_format", None)
+        if stream_format is not None and stream_format != "audio":
+            raise SpeechError("stream_format must be one of: audio", param="stream_format")
         engine = get_engine()
-        config = await _config(body, engine)
+        config = await protocol.resolve_config(body, engine.capabilities, sync_to_async(voices.find_voice))
+        stream = stream or (stream_format == "audio" and config.response_format in RAW_FORMATS)
         if stream and config.response_format not in RAW_FORMATS:
             raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
     except SpeechError as exc:
@@ -222,16 +227,6 @@ async def speech(request):
     response = HttpResponse(data, content_type=CONTENT_TYPES[config.response_format])
     response["X-Sample-Rate"] = str(config.sample_rate)
     return response
-
-
-async def _config(body, engine):
-    try:
-        return protocol.parse_config(body, engine.capabilities)
-    except protocol.UnknownVoice as unknown:
-        reference = await sync_to_async(voices.find_voice)(unknown.requested)
-        if reference is None:
-            raise
-        return protocol.parse_config(body, engine.capabilities, reference)
 
 
 def _synthesis_error(exc):

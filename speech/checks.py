@@ -1,9 +1,12 @@
 """System checks (`manage.py check`): settings that would only fail once a client connects."""
 
+from urllib.parse import urlsplit
+
 from django.core import checks
 
 from .conf import conf
 from .engines import ENGINES
+from .protocol import SAMPLE_RATES
 
 
 @checks.register(checks.Tags.compatibility)
@@ -24,4 +27,24 @@ def check_speech_settings(app_configs, **kwargs):
     if conf.MAX_MESSAGE_BYTES > conf.MAX_CONFIG_BYTES:
         errors.append(checks.Warning("SPEECH_MAX_MESSAGE_BYTES is larger than SPEECH_MAX_CONFIG_BYTES; "
                                      "daphne's frame limit follows the larger one.", id="speech.W001"))
+    if conf.ENGINE == "openai":
+        errors += _upstream_errors()
+    return errors
+
+
+def _upstream_errors():
+    errors = []
+    url = urlsplit(conf.UPSTREAM_URL)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        errors.append(checks.Error(
+            f"SPEECH_ENGINE is 'openai' but SPEECH_UPSTREAM_URL is {conf.UPSTREAM_URL!r}; it must be the http(s) "
+            "base URL of an OpenAI-compatible speech server, e.g. http://gpu-host:8000/v1.", id="speech.E005"))
+    if conf.UPSTREAM_SAMPLE_RATE not in SAMPLE_RATES:
+        errors.append(checks.Error(f"SPEECH_UPSTREAM_SAMPLE_RATE must be one of: {', '.join(map(str, SAMPLE_RATES))}.",
+                                   id="speech.E006"))
+    for name in ("UPSTREAM_CONNECT_TIMEOUT_S", "UPSTREAM_READ_TIMEOUT_S", "UPSTREAM_MAX_CONNECTIONS"):
+        if getattr(conf, name) <= 0:
+            errors.append(checks.Error(f"SPEECH_{name} must be positive.", id="speech.E004"))
+    if conf.UPSTREAM_RETRIES < 0:
+        errors.append(checks.Error("SPEECH_UPSTREAM_RETRIES must not be negative.", id="speech.E007"))
     return errors

@@ -144,10 +144,24 @@ class UnknownVoice(SpeechError):
         self.requested = requested
 
 
-def parse_config(payload, capabilities, reference=None):
+async def resolve_config(payload, capabilities, find_voice=None):
+    """parse_config, looking a voice the engine does not list up among the uploaded voices
+    (`find_voice`: async name -> ReferenceVoice | None). An engine with an open voice set
+    (`any_voice`) gets a name that is not an uploaded voice passed on as it is."""
+    try:
+        return parse_config(payload, capabilities)
+    except UnknownVoice as unknown:
+        reference = await find_voice(unknown.requested) if find_voice else None
+        if reference is None and not capabilities.any_voice:
+            raise
+        return parse_config(payload, capabilities, reference, voice_checked=True)
+
+
+def parse_config(payload, capabilities, reference=None, *, voice_checked=False):
     """session.config (nested or flat) -> SessionConfig for this engine; fatal SpeechError otherwise.
 
-    `reference` is the uploaded voice found for a name that is not one of the engine's own."""
+    `reference` is the uploaded voice found for a name that is not one of the engine's own;
+    `voice_checked` says the uploaded voices were searched for it."""
     raw = payload.get("session")
     if raw is None:
         raw = {key: value for key, value in payload.items() if key != "type"}
@@ -159,7 +173,7 @@ def parse_config(payload, capabilities, reference=None):
             raise fatal(f"{key} must be {kind}", key)
 
     caps = capabilities
-    voice = _resolve_voice(present.get("voice", present.get("speaker")), caps, reference)
+    voice = _resolve_voice(present.get("voice", present.get("speaker")), caps, reference, voice_checked)
 
     fmt = present.get("response_format", "pcm").strip().lower()
     if fmt not in FORMATS:
@@ -199,13 +213,15 @@ def parse_config(payload, capabilities, reference=None):
     )
 
 
-def _resolve_voice(requested, caps, reference):
+def _resolve_voice(requested, caps, reference, voice_checked):
     if requested is None or requested.strip().lower() == "default":
         return caps.default_voice
     for name in caps.voices:
         if name.lower() == requested.strip().lower():
             return name
     if reference is None:
+        if caps.any_voice and voice_checked:
+            return requested.strip()
         raise UnknownVoice(requested, caps)
     if not caps.reference_audio:
         raise fatal(f"voice '{requested}' needs an engine with reference audio; engine '{caps.name}' has none", "voice")

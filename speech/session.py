@@ -28,7 +28,7 @@ from .errors import (
     fatal,
 )
 from .pipeline import Pipeline
-from .protocol import UnknownVoice, configured_event, parse_config, parse_message, size_error, utf8_length_exceeds
+from .protocol import configured_event, parse_message, resolve_config, size_error, utf8_length_exceeds
 from .segmenter import Segmenter
 
 logger = logging.getLogger(__name__)
@@ -171,13 +171,7 @@ class SpeechSession:
             payload = parse_message(raw, handshake=True)
         if payload.get("type") != "session.config":
             raise fatal("first WebSocket message must be session.config", "type")
-        try:
-            self.config = parse_config(payload, self.engine.capabilities)
-        except UnknownVoice as unknown:
-            reference = await self.find_voice(unknown.requested) if self.find_voice else None
-            if reference is None:
-                raise
-            self.config = parse_config(payload, self.engine.capabilities, reference)
+        self.config = await resolve_config(payload, self.engine.capabilities, self.find_voice)
         self.segmenter = Segmenter(self.config.split_granularity)
         self.pipeline = Pipeline(
             engine=self.engine,

@@ -94,6 +94,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="INFO")},
+    # httpx logs every upstream request at INFO: one line per synthesised segment is noise
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
 # --- speech (defaults and meaning in speech/conf.py and the README) -----------------------------
@@ -112,6 +114,16 @@ SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
 SPEECH_REQUIRE_API_KEY = env.bool("SPEECH_REQUIRE_API_KEY", default=False)
 SPEECH_MAX_SESSIONS_PER_KEY = env.int("SPEECH_MAX_SESSIONS_PER_KEY", default=8)
 SPEECH_INSTANCE_ID = env.str("SPEECH_INSTANCE_ID", default="")  # registry label; default host:pid
+# SPEECH_ENGINE=openai: an OpenAI-compatible speech server (sglang-omni, vLLM-omni, OpenAI), base URL ending in /v1
+SPEECH_UPSTREAM_URL = env.str("SPEECH_UPSTREAM_URL", default="")
+SPEECH_UPSTREAM_API_KEY = env.str("SPEECH_UPSTREAM_API_KEY", default="")
+SPEECH_UPSTREAM_MODEL = env.str("SPEECH_UPSTREAM_MODEL", default="")
+SPEECH_UPSTREAM_VOICES = env.list("SPEECH_UPSTREAM_VOICES", default=[])  # empty: asked of the upstream at start
+SPEECH_UPSTREAM_SAMPLE_RATE = env.int("SPEECH_UPSTREAM_SAMPLE_RATE", default=24000)
+SPEECH_UPSTREAM_CONNECT_TIMEOUT_S = env.float("SPEECH_UPSTREAM_CONNECT_TIMEOUT_S", default=5.0)
+SPEECH_UPSTREAM_READ_TIMEOUT_S = env.float("SPEECH_UPSTREAM_READ_TIMEOUT_S", default=30.0)
+SPEECH_UPSTREAM_RETRIES = env.int("SPEECH_UPSTREAM_RETRIES", default=2)
+SPEECH_UPSTREAM_MAX_CONNECTIONS = env.int("SPEECH_UPSTREAM_MAX_CONNECTIONS", default=100)
 
 # Voice uploads are at most 10 MiB (speech/voices.py); larger request bodies are refused with
 # 413 before they are read, and file parts go to a temporary file rather than memory.

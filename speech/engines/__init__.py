@@ -8,6 +8,7 @@ from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisReques
 ENGINES = {
     "hibari": "speech.engines.hibari.HibariEngine",
     "fake": "speech.engines.fake.FakeEngine",
+    "openai": "speech.engines.upstream.OpenAIEngine",
 }
 
 __all__ = ["Capabilities", "Engine", "EngineBusy", "EngineError", "SynthesisRequest", "build_engine", "get_engine"]
@@ -21,10 +22,7 @@ def build_engine(name):
     except KeyError:
         raise ValueError(f"SPEECH_ENGINE must be one of: {', '.join(sorted(ENGINES))} (got {name!r})") from None
     module, cls = dotted.rsplit(".", 1)
-    engine_cls = getattr(import_module(module), cls)
-    if name == "fake":
-        return engine_cls()
-    return engine_cls(workers=conf.ENGINE_WORKERS, queue_size=conf.ENGINE_QUEUE_SIZE)
+    return getattr(import_module(module), cls).from_settings(conf)
 
 
 def get_engine():

@@ -27,6 +27,7 @@ class Capabilities:
     speed_range: tuple[float, float] = (1.0, 1.0)
     reference_audio: bool = False
     instructions: bool = False
+    any_voice: bool = False  # the voice list is not known: any name is passed on for the engine to judge
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class EngineBusy(EngineError):
 
 class Engine(abc.ABC):
     capabilities: Capabilities
+
+    @classmethod
+    def from_settings(cls, conf):
+        """The engine as the SPEECH_* settings describe it."""
+        return cls()
 
     @abc.abstractmethod
     def stream(self, request: SynthesisRequest) -> AsyncIterator[np.ndarray]:

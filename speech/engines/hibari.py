@@ -49,6 +49,10 @@ class HibariEngine(Engine):
             speed_range=(1.0, 1.0),
         )
 
+    @classmethod
+    def from_settings(cls, conf):
+        return cls(workers=conf.ENGINE_WORKERS, queue_size=conf.ENGINE_QUEUE_SIZE)
+
     def _render(self, tts, phonemes, speed, rng):
         rate = self.capabilities.sample_rate
         raw = tts.from_ids(tts.ids(phonemes), speed, rng)

@@ -1,0 +1,265 @@
+"""Engine `openai`: speech from an upstream OpenAI-compatible server (sglang-omni, vLLM-omni, OpenAI,
+or another instance of this server), streamed as raw PCM over pooled HTTP connections.
+
+Each segment is one `POST {SPEECH_UPSTREAM_URL}/audio/speech` with `response_format: "pcm"` and
+`stream_format: "audio"` (raw bytes as they are made). The session's voice, model, language,
+instructions and sampling fields are forwarded; an uploaded voice travels as `ref_audio` (a
+`data:` URL) with its transcript as `ref_text`, the sglang-omni / vLLM-omni convention.
+
+Failures fail the segment with the contract's classes: 4xx -> BadRequestError 400, 429 ->
+rate_limit_error, 503 -> "The request queue is full.", anything else -> server_error. Requests
+are retried only before the first byte of audio, and only when the upstream could not have
+started (refused connection, dropped before the response, 502/503/504). Timeouts are not retried.
+Cancelling the consuming task closes the upstream response, and with it the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import logging
+from email.message import Message
+
+import httpx
+import numpy as np
+
+from ..errors import BAD_REQUEST, RATE_LIMIT
+from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
+
+logger = logging.getLogger(__name__)
+
+PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw", "audio/x-raw", "application/octet-stream")
+RETRY_STATUSES = (502, 503, 504)
+# The upstream could not have started: refused, or the connection dropped before a response.
+RETRY_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error response read for its message
+REFERENCE_MIME = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg",
+                  "m4a": "audio/mp4", "webm": "audio/webm"}
+DEFAULT = "default"  # the voice name that leaves the choice to the upstream
+
+
+class OpenAIEngine(Engine):
+    def __init__(self, *, url, api_key="", model="", voices=(), sample_rate=24000, connect_timeout_s=5.0,
+                 read_timeout_s=30.0, retries=2, max_connections=100):
+        self.url = url.rstrip("/")
+        self.endpoint = f"{self.url}/audio/speech"
+        self.model = model
+        self.retries = retries
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s,
+                                     pool=connect_timeout_s)
+        self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.capabilities = self._capabilities(tuple(voices), sample_rate)
+        self._client = None
+        self._client_loop = None
+
+    @classmethod
+    def from_settings(cls, conf):
+        return cls(url=conf.UPSTREAM_URL, api_key=conf.UPSTREAM_API_KEY, model=conf.UPSTREAM_MODEL,
+                   voices=conf.UPSTREAM_VOICES, sample_rate=conf.UPSTREAM_SAMPLE_RATE,
+                   connect_timeout_s=conf.UPSTREAM_CONNECT_TIMEOUT_S, read_timeout_s=conf.UPSTREAM_READ_TIMEOUT_S,
+                   retries=conf.UPSTREAM_RETRIES, max_connections=conf.UPSTREAM_MAX_CONNECTIONS)
+
+    @staticmethod
+    def _capabilities(voices, sample_rate):
+        # Speed stays with our own time-stretch (speed_range 1..1): pitch-preserving and the same on
+        # every upstream, and vLLM-omni refuses speed with streamed audio.
+        return Capabilities(name="openai", voices=voices, default_voice=voices[0] if voices else DEFAULT,
+                            sample_rate=sample_rate, reference_audio=True, instructions=True,
+                            any_voice=not voices)
+
+    def client(self):
+        """The pooled client of the running loop (daphne's; warm-up runs in a loop of its own)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(timeout=self.timeout, limits=self.limits, headers=self.headers)
+            self._client_loop = loop
+        return self._client
+
+    async def warm_up(self):
+        """Learn the upstream's voices (`GET /audio/voices`) unless SPEECH_UPSTREAM_VOICES names them.
+        An upstream that is down or has no such endpoint leaves the voice set open: any name is
+        passed on and the upstream judges it."""
+        if self.capabilities.voices:
+            return
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers) as client:
+                response = await client.get(f"{self.url}/audio/voices")
+                response.raise_for_status()
+                voices = _voice_names(response.json())
+        except (httpx.HTTPError, ValueError) as exc:
+            logger.warning("upstream voices unknown (%s): any voice name is passed on to %s", exc, self.url)
+            return
+        if voices:
+            self.capabilities = self._capabilities(voices, self.capabilities.sample_rate)
+
+    async def aclose(self):
+        if self._client is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = None
+
+    async def body(self, request: SynthesisRequest):
+        options = dict(request.options)
+        body = {"model": options.pop("model", None) or self.model or None, "input": request.text,
+                "response_format": "pcm", "stream_format": "audio"}
+        if request.voice != DEFAULT and request.reference is None:
+            body["voice"] = request.voice
+        if request.reference is not None:
+            ref = request.reference
+            body["ref_audio"] = await _data_url(ref.container, ref.audio)
+            if ref.transcript:
+                body["ref_text"] = ref.transcript
+        body.update(options)  # language, instructions, sampling fields; a client's own ref_audio wins
+        return {key: value for key, value in body.items() if value is not None}
+
+    async def stream(self, request: SynthesisRequest):
+        body = await self.body(request)
+        client = self.client()
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                async with client.stream("POST", self.endpoint, json=body) as response:
+                    if response.status_code in RETRY_STATUSES and not last:
+                        await _backoff(attempt)
+                        continue
+                    if response.status_code != 200:
+                        raise await _status_error(response)
+                    self._check_format(response)
+                    async for chunk in _pcm(response):
+                        yield chunk
+                    return
+            except RETRY_ERRORS as exc:  # raised before any audio: after it, _pcm raises _StreamBroke
+                if not last:
+                    await _backoff(attempt)
+                    continue
+                raise self._transport_error(exc) from exc
+            except httpx.TransportError as exc:  # timeouts, a broken stream, pool exhaustion
+                raise self._transport_error(exc) from exc
+
+    def _check_format(self, response):
+        header = Message()
+        header["content-type"] = response.headers.get("content-type", "")
+        kind = header.get_content_type()
+        if kind not in PCM_TYPES:
+            shown = response.headers.get("content-type") or "no content type"
+            raise EngineError(f"upstream speech server sent {shown!r}, not raw PCM audio")
+        rate = response.headers.get("x-sample-rate") or header.get_param("rate")
+        expected = self.capabilities.sample_rate
+        if rate is not None and str(rate).strip() != str(expected):
+            raise EngineError(f"upstream speech server sent {str(rate).strip()} Hz audio; "
+                              f"SPEECH_UPSTREAM_SAMPLE_RATE is {expected}")
+
+    def _transport_error(self, exc):
+        if isinstance(exc, _StreamBroke):
+            return EngineError(f"upstream speech stream broke off after {exc.received} bytes: {exc.cause}")
+        if isinstance(exc, httpx.ConnectTimeout):
+            return EngineError(f"upstream speech server at {self.url} did not accept a connection within "
+                               f"{self.timeout.connect:g} s")
+        if isinstance(exc, httpx.PoolTimeout):
+            return EngineError(f"no free connection to the upstream speech server within {self.timeout.pool:g} s")
+        if isinstance(exc, httpx.TimeoutException):
+            return EngineError(f"upstream speech server sent nothing for {self.timeout.read:g} s")
+        if isinstance(exc, httpx.ConnectError):
+            return EngineError(f"upstream speech server at {self.url} is unreachable: {exc or type(exc).__name__}")
+        if isinstance(exc, httpx.RemoteProtocolError):
+            return EngineError(f"upstream speech server sent an invalid HTTP response: {exc}")
+        return EngineError(f"upstream speech request failed: {exc or type(exc).__name__}")
+
+
+class _StreamBroke(httpx.TransportError):
+    """The connection failed after audio had started: never retried (it would repeat audio)."""
+
+    def __init__(self, cause, received):
+        super().__init__(str(cause))
+        self.cause, self.received = cause, received
+
+
+async def _pcm(response):
+    """float32 chunks from s16le bytes as they arrive; an odd byte waits for its partner."""
+    carry = b""
+    received = 0
+    try:
+        async for data in response.aiter_bytes():
+            received += len(data)
+            data = carry + data
+            usable = len(data) - len(data) % 2
+            carry = data[usable:]
+            if usable:
+                yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+    except (httpx.TransportError, httpx.DecodingError) as exc:
+        if received == 0:
+            raise
+        raise _StreamBroke(exc, received) from exc
+    if carry:
+        raise EngineError("upstream PCM stream ended in the middle of a sample")
+
+
+async def _status_error(response):
+    body = b""
+    try:
+        async for data in response.aiter_bytes():
+            body += data
+            if len(body) >= ERROR_BODY_LIMIT:
+                break
+    except httpx.HTTPError:
+        pass
+    message, param = _error_message(body)
+    status = response.status_code
+    if status == 429:
+        return EngineError(f"upstream speech server is rate limiting: {message}", error_type=RATE_LIMIT, code=429)
+    if status == 503:
+        return EngineBusy()
+    if status in (401, 403):
+        return EngineError(f"upstream speech server refused our credentials (HTTP {status}); "
+                           "check SPEECH_UPSTREAM_API_KEY")
+    if status == 404:
+        return EngineError(f"upstream speech server has no {response.request.url} (HTTP 404); "
+                           "check SPEECH_UPSTREAM_URL")
+    if 400 <= status < 500:
+        return EngineError(message, error_type=BAD_REQUEST, param=param, code=400)
+    return EngineError(f"upstream speech server failed (HTTP {status}): {message}")
+
+
+def _error_message(body):
+    """The message (and param) of an OpenAI-style error envelope, a FastAPI detail, or the text."""
+    text = body[:ERROR_BODY_LIMIT].decode("utf-8", "replace").strip()
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        return (text[:300] or "no details"), None
+    if isinstance(payload, dict):
+        error = payload.get("error", payload.get("detail", payload.get("message")))
+        if isinstance(error, dict):
+            param = error.get("param")
+            return str(error.get("message") or error)[:1000], param if isinstance(param, str) else None
+        if error is not None:
+            return str(error)[:1000], None
+    return text[:300], None
+
+
+def _voice_names(payload):
+    """Voice names from our own listing (`data`), vLLM-omni's (`voices`), or a bare list."""
+    items = payload.get("voices", payload.get("data")) if isinstance(payload, dict) else payload
+    names = []
+    for item in items if isinstance(items, list) else ():
+        name = item.get("name", item.get("id")) if isinstance(item, dict) else item
+        if isinstance(name, str) and name.strip() and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+async def _backoff(attempt):
+    await asyncio.sleep(0.05 * 2 ** attempt)
+
+
+@functools.lru_cache(maxsize=4)
+def _encode(container, audio):
+    return f"data:{REFERENCE_MIME.get(container, 'application/octet-stream')};base64," + \
+        base64.b64encode(audio).decode("ascii")
+
+
+async def _data_url(container, audio):
+    """The reference as a data: URL, built once per voice (off the loop: up to 10 MiB of base64)."""
+    return await asyncio.to_thread(_encode, container, audio)
