@@ -93,8 +93,9 @@ async def post(body, **extra):
     ({"input": "Hi.", "stream": True, "response_format": "mp3"},
      "stream=true requires a raw response_format (pcm, mulaw, alaw)", "response_format"),
     ({"input": "Hi.", "voice": "nobody"}, "Unknown voice 'nobody'. Supported voices: fake, alt", "voice"),
+    ({"input": "Hi.", "stream_format": "sse"}, "stream_format must be one of: audio", "stream_format"),
 ], ids=["blank", "not-a-string", "missing", "too-long", "stream-type", "format", "speed-type", "speed-range",
-        "stream-mp3", "voice"])
+        "stream-mp3", "voice", "stream-format-sse"])
 @pytest.mark.django_db(transaction=True)  # an unknown voice is looked for among the uploaded ones
 async def test_bad_requests_get_the_envelope(process_engine, body, message, param):
     response = await post(body)
@@ -127,3 +128,16 @@ async def test_streamed_raw_formats_with_the_fake_engine(process_engine):
     # Two segments of two 50 ms chunks each at 24 kHz, resampled to 8 kHz: one byte a sample.
     assert abs(len(data) - 4 * 400) <= 16
     assert np.frombuffer(data, np.uint8).std() > 0
+
+
+async def test_stream_format_audio_streams_raw_formats_and_leaves_files_whole(process_engine):
+    """OpenAI's `stream_format: "audio"` (what an upstream engine asks for): raw formats are streamed
+    as made, with their headers; a file format still comes back as one complete file."""
+    response = await post({"input": "One. Two.", "response_format": "pcm", "stream_format": "audio"})
+    assert response.status_code == 200 and response.streaming
+    assert (response["Content-Type"], response["X-Sample-Rate"]) == ("audio/pcm", "24000")
+    data = b"".join([chunk async for chunk in response.streaming_content])
+    assert len(data) == 2 * 2 * 1200 * 2  # two segments of two 50 ms chunks, 16-bit
+    response = await post({"input": "One.", "response_format": "wav", "stream_format": "audio"})
+    assert response.status_code == 200 and not response.streaming
+    assert response.content[:4] == b"RIFF"

@@ -37,7 +37,8 @@ RETRY_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, 
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error response read for its message
 REFERENCE_MIME = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg",
                   "m4a": "audio/mp4", "webm": "audio/webm"}
-DEFAULT = "default"  # the voice name that leaves the choice to the upstream
+DEFAULT = "default"
+JSON = {"content-type": "application/json"}  # the voice name that leaves the choice to the upstream
 
 
 class OpenAIEngine(Engine):
@@ -116,11 +117,14 @@ class OpenAIEngine(Engine):
 
     async def stream(self, request: SynthesisRequest):
         body = await self.body(request)
+        # Reference audio makes the body megabytes of base64: serialise it off the loop.
+        content = json.dumps(body).encode() if "ref_audio" not in body else \
+            await asyncio.to_thread(lambda: json.dumps(body).encode())
         client = self.client()
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
             try:
-                async with client.stream("POST", self.endpoint, json=body) as response:
+                async with client.stream("POST", self.endpoint, content=content, headers=JSON) as response:
                     if response.status_code in RETRY_STATUSES and not last:
                         await _backoff(attempt)
                         continue
