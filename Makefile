@@ -47,6 +47,7 @@ bench: install-dev migrate
 	$(PY) bench/ttfa.py --repeat 5
 	$(PY) bench/audio_cost.py
 	$(PY) bench/cancel.py
+	$(PY) bench/upstream.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

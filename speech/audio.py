@@ -60,5 +60,7 @@ def normalise(samples):
 
 
 def pcm16(samples):
-    """Signed 16-bit little-endian bytes."""
-    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    """Signed 16-bit little-endian bytes, FFmpeg's convention: rounded x * 32768, saturated. The
+    inverse of reading s16 as n / 32768, so 16-bit audio passes through (an upstream engine's PCM,
+    say) bit for bit."""
+    return np.clip(np.rint(samples * np.float32(32768.0)), -32768, 32767).astype("<i2").tobytes()

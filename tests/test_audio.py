@@ -169,12 +169,12 @@ def test_pcm16_values_and_little_endian():
     samples = np.array([0.0, 0.5, -0.5, 1.0, -1.0, 1e-6], dtype=np.float32)
     data = audio.pcm16(samples)
     assert len(data) == 2 * samples.size
-    assert np.frombuffer(data, "<i2").tolist() == [0, 16383, -16383, 32767, -32767, 0]
+    assert np.frombuffer(data, "<i2").tolist() == [0, 16384, -16384, 32767, -32768, 0]
     assert data[6:8] == b"\xff\x7f"  # 32767, low byte first
 
 
-@pytest.mark.parametrize("value,expected", [(1.5, 32767), (-1.5, -32767), (100.0, 32767), (-100.0, -32767),
-                                            (np.inf, 32767), (-np.inf, -32767)],
+@pytest.mark.parametrize("value,expected", [(1.5, 32767), (-1.5, -32768), (100.0, 32767), (-100.0, -32768),
+                                            (np.inf, 32767), (-np.inf, -32768)],
                          ids=["1.5", "-1.5", "100", "-100", "inf", "-inf"])
 def test_pcm16_clips(value, expected):
     assert np.frombuffer(audio.pcm16(np.array([value], np.float32)), "<i2")[0] == expected
@@ -182,3 +182,10 @@ def test_pcm16_clips(value, expected):
 
 def test_pcm16_empty():
     assert audio.pcm16(np.zeros(0, np.float32)) == b""
+
+
+def test_pcm16_round_trips_every_16_bit_value():
+    """Reading s16 as n / 32768 and writing it back gives the same bytes (an upstream's PCM passes
+    through an instance unchanged)."""
+    ints = np.arange(-32768, 32768, dtype="<i2")
+    assert audio.pcm16(ints.astype(np.float32) / 32768.0) == ints.tobytes()

@@ -154,7 +154,7 @@ def test_clipping_is_saturation_not_wraparound():
     x = np.array([1.5, -1.5, 1.0, -1.0, 0.0], np.float32)
     ints, rate, channels, _ = wav_ints(encode_file("wav", x, 8000))
     assert (rate, channels) == (8000, 1)
-    assert ints.tolist() == [32767, -32767, 32767, -32767, 0]
+    assert ints.tolist() == [32767, -32768, 32767, -32768, 0]
 
 
 # -- raw formats -------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def test_raw_chunk_by_chunk_equals_whole_signal(fmt):
 def test_pcm_is_s16le():
     x = np.array([0.0, 0.5, -0.5, 1.0, -1.0], np.float32)
     assert RawEncoder("pcm", 24000).encode(x) == pcm16(x)
-    assert np.frombuffer(pcm16(x), "<i2").tolist() == [0, 16383, -16383, 32767, -32767]
+    assert np.frombuffer(pcm16(x), "<i2").tolist() == [0, 16384, -16384, 32767, -32768]
 
 
 def test_raw_encoder_rejects_file_formats():

@@ -30,7 +30,9 @@ from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisReques
 
 logger = logging.getLogger(__name__)
 
-PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw", "audio/x-raw", "application/octet-stream")
+# Raw 16-bit PCM content types -> sample byte order (RFC 2586: audio/L16 is big-endian)
+PCM_TYPES = {"audio/pcm": "<i2", "audio/raw": "<i2", "audio/x-raw": "<i2", "application/octet-stream": "<i2",
+             "audio/l16": ">i2"}
 RETRY_STATUSES = (502, 503, 504)
 # The upstream could not have started: refused, or the connection dropped before a response.
 RETRY_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
@@ -130,8 +132,8 @@ class OpenAIEngine(Engine):
                         continue
                     if response.status_code != 200:
                         raise await _status_error(response)
-                    self._check_format(response)
-                    async for chunk in _pcm(response):
+                    dtype = self._check_format(response)
+                    async for chunk in _pcm(response, dtype):
                         yield chunk
                     return
             except RETRY_ERRORS as exc:  # raised before any audio: after it, _pcm raises _StreamBroke
@@ -154,6 +156,7 @@ class OpenAIEngine(Engine):
         if rate is not None and str(rate).strip() != str(expected):
             raise EngineError(f"upstream speech server sent {str(rate).strip()} Hz audio; "
                               f"SPEECH_UPSTREAM_SAMPLE_RATE is {expected}")
+        return PCM_TYPES[kind]
 
     def _transport_error(self, exc):
         if isinstance(exc, _StreamBroke):
@@ -180,8 +183,8 @@ class _StreamBroke(httpx.TransportError):
         self.cause, self.received = cause, received
 
 
-async def _pcm(response):
-    """float32 chunks from s16le bytes as they arrive; an odd byte waits for its partner."""
+async def _pcm(response, dtype):
+    """float32 chunks from 16-bit samples as they arrive; an odd byte waits for its partner."""
     carry = b""
     received = 0
     try:
@@ -191,7 +194,7 @@ async def _pcm(response):
             usable = len(data) - len(data) % 2
             carry = data[usable:]
             if usable:
-                yield np.frombuffer(data[:usable], dtype="<i2").astype(np.float32) / 32768.0
+                yield np.frombuffer(data[:usable], dtype=dtype).astype(np.float32) / 32768.0
     except (httpx.TransportError, httpx.DecodingError) as exc:
         if received == 0:
             raise
@@ -238,14 +241,31 @@ def _error_message(body):
         if isinstance(error, dict):
             param = error.get("param")
             return str(error.get("message") or error)[:1000], param if isinstance(param, str) else None
+        if isinstance(error, list) and error and all(isinstance(item, dict) for item in error):
+            return _validation_message(error)
         if error is not None:
             return str(error)[:1000], None
     return text[:300], None
 
 
+def _validation_message(details):
+    """FastAPI's 422 `detail` list (vLLM-omni, sglang-omni): "field: problem; …" and the first field."""
+    fields = [".".join(str(part) for part in item.get("loc", ())[1:]) for item in details]
+    message = "; ".join(f"{field}: {item.get('msg', 'invalid')}" if field else str(item.get("msg", "invalid"))
+                        for field, item in zip(fields, details))
+    return message[:1000], fields[0] or None
+
+
 def _voice_names(payload):
-    """Voice names from our own listing (`data`), vLLM-omni's (`voices`), or a bare list."""
-    items = payload.get("voices", payload.get("data")) if isinstance(payload, dict) else payload
+    """Voice names from our own listing (`data`), vLLM-omni's (`voices` plus `uploaded_voices`), or a
+    bare list."""
+    if isinstance(payload, dict):
+        items = payload.get("voices", payload.get("data"))
+        uploaded = payload.get("uploaded_voices")
+        if isinstance(items, list) and isinstance(uploaded, list):
+            items = items + uploaded
+    else:
+        items = payload
     names = []
     for item in items if isinstance(items, list) else ():
         name = item.get("name", item.get("id")) if isinstance(item, dict) else item
