@@ -230,7 +230,10 @@ async def speech(request):
 
 
 def _synthesis_error(exc):
+    """The engine's failure with its own class: bad input 400, rate limits 429, overload 503, else 500."""
     message = str(exc)
+    if isinstance(exc, SpeechError) and exc.code:
+        return error(exc.code, message, type=exc.error_type, param=exc.param)
     return error(503 if message == QUEUE_FULL_MESSAGE else 500, message, type=SERVER_ERROR)
 
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 
+from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -137,11 +138,18 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     # -- the session's transport ---------------------------------------------------------------
     async def send_json(self, event):
         if self._open:
-            await self.send(text_data=self.encode_json(event))
+            await self._send(text_data=self.encode_json(event))
 
     async def send_bytes(self, data):
         if self._open:
-            await self.send(bytes_data=data)
+            await self._send(bytes_data=data)
+
+    async def _send(self, **frame):
+        try:
+            await self.send(**frame)
+        except Disconnected:
+            # The client closed while frames were going out; disconnect() is on its way and ends the session.
+            self._open = False
 
     async def close(self, code=None, reason=None):
         if self._open:

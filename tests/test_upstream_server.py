@@ -31,20 +31,8 @@ import numpy as np
 import pytest
 
 from tests.audio_samples import CONTENT_TYPES, NAMES, good
-from tests.live import (
-    PROJECT_ROOT,
-    PYTHON,
-    SessionResult,
-    collect,
-    configure,
-    free_port,
-    is_event,
-    open_session,
-    port_accepts,
-    segments_of,
-    send_json,
-    serving,
-)
+from tests.live import (PROJECT_ROOT, PYTHON, DaphneServer, SessionResult, collect, configure, free_port, is_event,
+                        open_session, port_accepts, segments_of, send_json, serving)
 from tests.upstream_standin import Reply, StandIn, error_reply, pcm
 
 RATE = 24000
@@ -89,7 +77,9 @@ def main(up, media):
 
 @pytest.fixture(scope="module")
 def learning(media):
-    with StandIn(voices={"voices": ["nova", "onyx"]}) as standin, serving(server_env(standin.url, media)) as srv:
+    # vLLM-omni's listing: built-in voices plus the ones uploaded to it
+    with StandIn(voices={"voices": ["nova", "onyx"], "uploaded_voices": [{"name": "their-clone"}]}) as standin, \
+            serving(server_env(standin.url, media)) as srv:
         STARTED.append(srv)
         yield srv, standin
 
@@ -146,6 +136,16 @@ async def speak(srv, standin, config, texts):
     return result, posts(standin)[start:]
 
 
+async def handshake(srv, config):
+    """A session.config and everything until the close."""
+    ws = await open_session(srv.ws_url)
+    try:
+        await send_json(ws, {"type": "session.config", "session": config})
+        return await collect(ws)
+    finally:
+        await ws.close()
+
+
 def finished(result, texts):
     """Contract ordering, one segment per text, session.done and close 1000. Returns the segments."""
     segments, problems = segments_of(result.items)
@@ -167,9 +167,9 @@ def samples(data):
 
 
 def same_audio(got, sent):
-    """The same samples, allowing the 1-LSB loss of the float round trip (see the xfail below)."""
+    """16-bit PCM at the upstream's rate passes through bit for bit."""
     assert len(got) == len(sent)
-    assert np.max(np.abs(samples(got) - samples(sent))) <= 1
+    assert got == sent, f"{np.count_nonzero(samples(got) != samples(sent))} samples differ"
 
 
 def body_of(text, **fields):
@@ -201,6 +201,22 @@ def multipart(fields, name, filename, content_type, data):
                  f"Content-Type: {content_type}\r\n\r\n".encode() + data + b"\r\n")
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def is_audio(item):
+    return item.kind == "audio"
+
+
+def all_of(data):
+    """until() predicate: true once len(data) bytes of audio have arrived."""
+    received = 0
+
+    def check(item):
+        nonlocal received
+        received += len(item.data) if item.kind == "audio" else 0
+        return received >= len(data)
+
+    return check
 
 
 def token(item):
@@ -236,14 +252,14 @@ async def test_streamed_session_is_one_post_per_segment_with_its_audio(main, up)
         same_audio(segment.audio, sent)
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: upstream s16 PCM is decoded /32768 but re-encoded *32767 with "
-                                       "truncation, so pcm 24 kHz in -> pcm 24 kHz out loses 1 LSB on most samples")
-async def test_pcm_at_the_upstream_rate_is_passed_on_bit_exact(main, up):
-    sent = pcm(0.3)
-    up.script(Reply(chunks=[sent]))
-    result, _ = await speak(main, up, {"stream_audio": True}, ["Bit for bit. "])
-    (segment,) = finished(result, ["Bit for bit. "])
-    assert segment.audio == sent
+@pytest.mark.parametrize("content_type, order", [("audio/L16; rate=24000", ">i2"),
+                                                 ("application/octet-stream", "<i2")])
+async def test_other_raw_pcm_content_types_are_read_in_their_byte_order(main, up, content_type, order):
+    sent = pcm(0.2)
+    up.script(Reply(headers={"content-type": content_type}, chunks=[samples(sent).astype(order).tobytes()]))
+    result, _ = await speak(main, up, {"stream_audio": True}, ["Network byte order. "])
+    (segment,) = finished(result, ["Network byte order. "])
+    assert segment.audio == sent  # little-endian out, the same samples
 
 
 async def test_sample_rate_16000_is_resampled_here(main, up):
@@ -294,12 +310,7 @@ async def test_configured_voices_default_accept_and_refuse(main, up):
     result, requests = await speak(main, up, {"stream_audio": True}, ["Default voice. "])
     finished(result, ["Default voice. "])
     assert result.configured["voice"] == "alpha" and requests[0].json["voice"] == "alpha"
-    ws = await open_session(main.ws_url)
-    try:
-        await send_json(ws, {"type": "session.config", "session": {"voice": "zzz"}})
-        end = await collect(ws)
-    finally:
-        await ws.close()
+    end = await handshake(main, {"voice": "zzz"})
     assert end.events == [{"type": "error", "message": "Unknown voice 'zzz'. Supported voices: alpha, beta",
                            "error_type": "BadRequestError", "param": "voice", "code": 400}]
     assert end.close_code == 4008
@@ -310,23 +321,17 @@ async def test_configured_voices_default_accept_and_refuse(main, up):
 
 async def test_voices_are_learned_from_the_upstream_at_start(learning):
     srv, standin = learning
-    assert [(r.method, r.path, r.headers.get("authorization")) for r in standin.requests
-            if r.method == "GET"] == [
-        ("GET", "/v1/audio/voices", f"Bearer {KEY}")]
+    assert [(r.path, r.headers.get("authorization")) for r in standin.requests if r.method == "GET"] == [
+        ("/v1/audio/voices", f"Bearer {KEY}")]
     status, _, health = await rest(srv, "GET", "/healthz")
-    assert status == 200 and json.loads(health)["voices"] == ["nova", "onyx"]
+    assert status == 200 and json.loads(health)["voices"] == ["nova", "onyx", "their-clone"]
     status, _, listing = await rest(srv, "GET", "/v1/audio/voices")
-    assert status == 200 and json.loads(listing)["voices"][:2] == ["nova", "onyx"]
+    assert status == 200 and json.loads(listing)["voices"][:3] == ["nova", "onyx", "their-clone"]
     result, requests = await speak(srv, standin, {"stream_audio": True, "voice": "onyx"}, ["Learned voice. "])
     finished(result, ["Learned voice. "])
     assert result.configured["voice"] == "onyx" and requests[0].json["voice"] == "onyx"
-    ws = await open_session(srv.ws_url)
-    try:
-        await send_json(ws, {"type": "session.config", "session": {"voice": "zzz"}})
-        end = await collect(ws)
-    finally:
-        await ws.close()
-    assert end.events[0]["message"] == "Unknown voice 'zzz'. Supported voices: nova, onyx"
+    end = await handshake(srv, {"voice": "zzz"})
+    assert end.events[0]["message"] == "Unknown voice 'zzz'. Supported voices: nova, onyx, their-clone"
     assert end.close_code == 4008
 
 
@@ -371,15 +376,19 @@ FAILURES = {
             ("BadRequestError", 400, "language"), r"language 'xx' is not supported"),
     "422-detail": (envelope(422, {"detail": "input is too long for this model"}),
                    ("BadRequestError", 400, None), r"input is too long for this model"),
+    "422-fastapi": (envelope(422, {"detail": [{"loc": ["body", "top_k"], "msg": "Input should be greater than 0",
+                                               "type": "greater_than"}]}),
+                    ("BadRequestError", 400, "top_k"), r"top_k: Input should be greater than 0"),
     "429": (error_reply(429, "slow down", type_="rate_limit_error"), ("rate_limit_error", 429, None), r".*slow down.*"),
     "503": (error_reply(503, "busy"), SERVER, re.escape(QUEUE_FULL)),
-    "500": (Reply(status=500, headers={"content-type": "text/plain"}, chunks=[], body=b"boom"), SERVER, r".*500.*boom.*"),
+    "500": (Reply(status=500, headers={"content-type": "text/plain"}, chunks=[], body=b"boom"), SERVER,
+            r".*500.*boom.*"),
     "401": (error_reply(401, "bad key", type_="authentication_error"), SERVER, r".*SPEECH_UPSTREAM_API_KEY.*"),
     "content-type": (Reply(headers={"content-type": "audio/wav"}), SERVER, r".*'audio/wav', not raw PCM.*"),
     "sample-rate": (Reply(headers={"content-type": "audio/pcm", "x-sample-rate": "16000"}), SERVER, r".*16000 Hz.*"),
     "hang": (Reply(hang=True), SERVER, rf".*sent nothing for {READ_TIMEOUT_S} s.*"),
     "garbage": (Reply(raw=b"this is not HTTP at all\r\n\r\n"), SERVER, r".*invalid HTTP response.*"),
-    "dropped": (Reply(drop=True), SERVER, r".*"),
+    "dropped": (Reply(drop=True), SERVER, r"upstream speech server .*"),
     "odd-byte": (Reply(chunks=[b"\x01"]), SERVER, r".*middle of a sample.*"),
 }
 AFTER = ["This one fails. ", "This one works. "]
@@ -451,13 +460,15 @@ async def test_retries_before_audio_then_success(learning):
 
 @pytest.mark.parametrize("how", ["input.cancel", "rest", "disconnect"])
 async def test_cancel_closes_the_upstream_response(main, up, how):
-    up.script(Reply(chunks=[pcm(0.3)], hold=True))
+    held = pcm(0.3)
+    up.script(Reply(chunks=[held], hold=True))
     before = up.disconnects
     ws = await open_session(main.ws_url)
     try:
         sid = (await configure(ws, {"stream_audio": True}))["session_id"]
         await send_json(ws, {"type": "input.text", "text": "Please hold the line. "})
-        first = await collect(ws, until=lambda item: item.kind == "audio")
+        # A client leaving waits for all the audio there is (mid-burst: test_client_leaving_mid_burst_leaves_no_traceback).
+        first = await collect(ws, until=all_of(held) if how == "disconnect" else is_audio)
         assert first.close_code is None, first.types()
         if how == "disconnect":
             await ws.close()
@@ -488,6 +499,27 @@ async def test_cancel_closes_the_upstream_response(main, up, how):
         await ws.close()
 
 
+async def test_client_leaving_mid_burst_leaves_no_traceback(media):
+    with StandIn(default=Reply(chunks=[pcm(20.0)], hold=True)) as standin:
+        srv = DaphneServer(server_env(standin.url, media, SPEECH_UPSTREAM_RETRIES="0"))
+        try:
+            with srv:
+                for _ in range(3):
+                    ws = await open_session(srv.ws_url)
+                    try:
+                        await configure(ws, {"stream_audio": True})
+                        await send_json(ws, {"type": "input.text", "text": "A long answer. "})
+                        await collect(ws, until=is_audio)  # 20 s of audio at once: the frames go out in a burst
+                    finally:
+                        await ws.close()
+                    # The upstream response was closed (mid-body: counted in `open`, not `disconnects`).
+                    await wait_for(standin, lambda: standin.open == 0)
+            assert srv.stopped_by_sigterm and srv.returncode == 0
+            srv.assert_no_traceback()
+        finally:
+            srv.cleanup()
+
+
 # -- 8. REST one-shot ------------------------------------------------------------------------------------
 
 async def test_rest_speech_streams_through_the_upstream(main, up):
@@ -508,14 +540,10 @@ async def test_rest_speech_streams_through_the_upstream(main, up):
     (error_reply(503, "busy"), 503, {"message": QUEUE_FULL, "type": "server_error", "param": None, "code": 503}),
     pytest.param(error_reply(400, "language 'xx' is not supported", "language"), 400,
                  {"message": "language 'xx' is not supported", "type": "BadRequestError", "param": "language",
-                  "code": 400},
-                 marks=pytest.mark.xfail(strict=True, reason="product bug: POST /v1/audio/speech answers an upstream "
-                                                             "4xx with 500 server_error, not 400 BadRequestError")),
+                  "code": 400}),
     pytest.param(error_reply(429, "slow down", type_="rate_limit_error"), 429,
                  {"message": "upstream speech server is rate limiting: slow down", "type": "rate_limit_error",
-                  "param": None, "code": 429},
-                 marks=pytest.mark.xfail(strict=True, reason="product bug: POST /v1/audio/speech answers an upstream "
-                                                             "429 with 500 server_error, not 429 rate_limit_error")),
+                  "param": None, "code": 429}),
 ], ids=["503", "400", "429"])
 async def test_rest_speech_upstream_error_gets_the_envelope(main, up, reply, status, expected):
     up.script(reply)
@@ -548,13 +576,14 @@ async def leak_candidates(srv, standin):
     result, _ = await speak(srv, standin, {"stream_audio": True}, ["Fails. ", "Breaks. ", "Fails again. "])
     assert [s.done["error"] for s in finished(result, ["Fails. ", "Breaks. ", "Fails again. "])] == [True] * 3
     for how in ("cancel", "leave"):
-        standin.script(Reply(chunks=[pcm(0.1)], hold=True))
+        held = pcm(0.1)
+        standin.script(Reply(chunks=[held], hold=True))
         before = standin.disconnects
         ws = await open_session(srv.ws_url)
         try:
             await configure(ws, {"stream_audio": True})
             await send_json(ws, {"type": "input.text", "text": "Held. "})
-            await collect(ws, until=lambda item: item.kind == "audio")
+            await collect(ws, until=all_of(held))
             if how == "cancel":
                 await send_json(ws, {"type": "input.cancel"})
                 assert (await collect(ws, until=is_event("input.cancelled"))).close_code is None
@@ -576,18 +605,12 @@ async def test_zz_no_upstream_connection_outlives_its_use_or_the_server(main, up
 
 # -- 9. the system check ---------------------------------------------------------------------------------
 
-def manage_env(tmp_path, url):
+@pytest.mark.parametrize("url", [None, "gpu-host:8000/v1"], ids=["unset", "no-scheme"])
+def test_check_and_serve_refuse_openai_without_an_upstream_url(tmp_path, url):
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", "SPEECH_ENGINE": "openai",
            "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "MEDIA_ROOT": str(tmp_path / "media")}
     env.pop("SPEECH_UPSTREAM_URL", None)
-    if url is not None:
-        env["SPEECH_UPSTREAM_URL"] = url
-    return env
-
-
-@pytest.mark.parametrize("url", [None, "gpu-host:8000/v1"], ids=["unset", "no-scheme"])
-def test_check_and_serve_refuse_openai_without_an_upstream_url(tmp_path, url):
-    env = manage_env(tmp_path, url)
+    env.update({"SPEECH_UPSTREAM_URL": url} if url else {})
     done = subprocess.run([PYTHON, "manage.py", "check"], cwd=PROJECT_ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode != 0 and "speech.E005" in done.stderr, done.stdout + done.stderr
