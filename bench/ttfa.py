@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from report import RESULTS, header, write_section  # noqa: E402
 
-from tests.live import DaphneServer, open_session, recv_item  # noqa: E402
+from tests.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
 
 SECTION = "## Time to first audio (bench/ttfa.py)"
 TARGET_P50_MS = 2.0
@@ -131,15 +131,7 @@ async def socket_ttfa(url, sentence):
                 break
             assert item.data["type"] == "audio.start", item.data
             assert item.data["sentence_text"] == sentence, item.data
-        await ws.send(json.dumps({"type": "input.done"}))
-        while True:  # drain to the close so the server is idle before the next measurement
-            try:
-                item = await recv_item(ws)
-            except Exception:
-                break
-            if item.kind == "event" and item.data["type"] == "error":
-                raise RuntimeError(item.data)
-        assert ws.close_code == 1000, ws.close_code
+        await finish_and_drain(ws)
     finally:
         await ws.close()
     return t1 - t0

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from report import RESULTS, header, write_section  # noqa: E402
 from ttfa import SENTENCES, split_final_mark  # noqa: E402
 
-from tests.live import DaphneServer, open_session, recv_item  # noqa: E402
+from tests.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
 
 SECTION = "## Upstream hop latency (bench/upstream.py)"
 SEED = 7
@@ -78,15 +78,7 @@ async def measure_once(url, sentence):
                 done = item.at
             else:
                 raise RuntimeError(f"unexpected event on {url}: {item.data}")
-        await ws.send(json.dumps({"type": "input.done"}))
-        while True:  # drain to the close so the servers are idle before the next measurement
-            try:
-                item = await recv_item(ws)
-            except Exception:
-                break
-            if item.kind == "event" and item.data["type"] == "error":
-                raise RuntimeError(item.data)
-        assert ws.close_code == 1000, ws.close_code
+        await finish_and_drain(ws)
     finally:
         await ws.close()
     return first - t0, done - t0, audio, configured.data["engine"]

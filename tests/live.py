@@ -316,6 +316,20 @@ async def recv_item(ws, timeout=RECV_TIMEOUT_S):
     return Item("event", json.loads(message), now)
 
 
+async def finish_and_drain(ws):
+    """Send input.done and read to the close, so the server is idle before the next measurement;
+    an `error` event raises, and the close must be 1000."""
+    await ws.send(json.dumps({"type": "input.done"}))
+    while True:
+        try:
+            item = await recv_item(ws)
+        except (ConnectionClosed, TimeoutError):
+            break
+        if item.kind == "event" and item.data["type"] == "error":
+            raise RuntimeError(item.data)
+    assert ws.close_code == 1000, ws.close_code
+
+
 async def collect(ws, result=None, *, until=None, timeout=RECV_TIMEOUT_S):
     """Receive into result.items until the socket closes, or until `until(item)` is true (that item
     included). Sets close_code/close_reason when the socket closed."""

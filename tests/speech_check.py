@@ -126,3 +126,16 @@ def transcribe(model, samples: np.ndarray, rate: int) -> str:
     segments, _info = model.transcribe(audio, language="en", beam_size=5, temperature=0.0,
                                        condition_on_previous_text=False, vad_filter=False)
     return " ".join(segment.text.strip() for segment in segments).strip()
+
+
+def assert_heard(model, samples: np.ndarray, rate: int, text: str, *, max_wer: float = 0.1) -> str:
+    """Plausible speech for the words (about 0.12 to 1 s a word), clearly not silence (Whisper
+    says "You" on silence), and Whisper hears the words. Returns what it heard."""
+    seconds = samples.size / rate
+    words = len(normalise(text))
+    assert 0.12 * words < seconds < 1.0 * words + 1.0, f"{seconds:.2f} s for {words} words: {text!r}"
+    assert rms(samples) > 0.02, f"too quiet (rms {rms(samples):.4f}) for {text!r}"
+    heard = transcribe(model, samples, rate)
+    error = wer(text, heard)
+    assert error <= max_wer, f"WER {error:.2f}: said {text!r}, heard {heard!r}"
+    return heard

@@ -9,7 +9,6 @@ import re
 from io import StringIO
 
 import pytest
-from django import forms
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.utils import formats, timezone

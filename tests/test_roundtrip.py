@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.live import run_session, segments_of, serving
-from tests.speech_check import normalise, pcm16_to_float, rms, transcribe, wer
+from tests.speech_check import assert_heard, normalise, pcm16_to_float, transcribe, wer
 
 RATE = 24000
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "I have 3 apples.", "It is raining in Paris today."]
@@ -32,15 +32,7 @@ def no_traceback_after_each_test(server):
 
 
 def check_heard(model, samples, sentence):
-    seconds = samples.size / RATE
-    words = len(normalise(sentence))
-    # plausible speech: at least ~0.12 s and at most ~1 s per word, and clearly not silence
-    assert 0.12 * words < seconds < 1.0 * words + 1.0, f"{seconds:.2f} s for {words} words: {sentence!r}"
-    assert rms(samples) > 0.02, f"too quiet (rms {rms(samples):.4f}) for {sentence!r}"
-    heard = transcribe(model, samples, RATE)
-    error = wer(sentence, heard)
-    assert error == 0 or error <= 0.1, f"WER {error:.2f}: said {sentence!r}, heard {heard!r}"
-    return heard
+    return assert_heard(model, samples, RATE, sentence)
 
 
 def test_normalisation_and_wer_helpers():

@@ -38,7 +38,7 @@ from tests.live import (
     send_json,
     serving,
 )
-from tests.speech_check import normalise, pcm16_to_float, rms, transcribe, wer
+from tests.speech_check import assert_heard, normalise, pcm16_to_float, rms
 
 RATE = 24000
 SEED = 7
@@ -92,18 +92,6 @@ def kinds(result):
 
 def ints(data):
     return np.frombuffer(data, dtype="<i2").astype(np.int32)
-
-
-def check_speech(model, samples, rate, text, *, max_wer=0.1):
-    """Plausible duration for the words, clearly not silence, and Whisper hears the words."""
-    seconds = samples.size / rate
-    words = len(normalise(text))
-    assert 0.12 * words < seconds < 1.0 * words + 1.0, f"{seconds:.2f} s for {words} words: {text!r}"
-    assert rms(samples) > 0.02, f"too quiet (rms {rms(samples):.4f}) for {text!r}"
-    heard = transcribe(model, samples, rate)
-    error = wer(text, heard)
-    assert error <= max_wer, f"WER {error:.2f}: said {text!r}, heard {heard!r}"
-    return heard
 
 
 def check_streamed_session(result, sentences, *, engine):
@@ -206,7 +194,7 @@ def test_streamed_session_through_a_is_heard(via_a, whisper):
         words = len(normalise(sentence))
         assert 0.12 * words < samples.size / RATE < 1.0 * words + 1.0, (sentence, samples.size / RATE)
         assert rms(samples) > 0.02, (sentence, rms(samples))
-    check_speech(whisper, everything, RATE, TEXT)
+    assert_heard(whisper, everything, RATE, TEXT)
 
 
 def test_same_text_straight_on_b_sounds_the_same(via_a, direct_b):
@@ -254,7 +242,7 @@ async def test_file_format_through_a_is_heard(chain, whisper):
     assert segment.done["total_bytes"] == len(segment.frames[0]) and segment.done["error"] is False
     decoded = decode_file("mp3", segment.frames[0])
     assert (decoded.rate, decoded.channels) == (16000, 1)
-    check_speech(whisper, decoded.samples, decoded.rate, sentence)
+    assert_heard(whisper, decoded.samples, decoded.rate, sentence)
 
 
 async def test_instructions_are_forwarded_and_refused_by_b(chain):
@@ -308,7 +296,7 @@ async def test_cancel_mid_utterance_then_new_text(chain, whisper):
     assert segment.done == {"type": "audio.done", "id": f"{sid}-1", "sentence_index": 1,
                             "total_bytes": len(segment.audio), "error": False, "cancelled": False}
     assert rest.events[-1] == {"type": "session.done", "session_id": sid, "total_sentences": 2}
-    check_speech(whisper, pcm16_to_float(segment.audio), RATE, follow)
+    assert_heard(whisper, pcm16_to_float(segment.audio), RATE, follow)
 
     # Both stay healthy: a following session on A, and one straight on B.
     for server, engine in ((chain.a, "openai"), (chain.b, "hibari")):
