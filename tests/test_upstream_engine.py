@@ -438,6 +438,37 @@ async def test_warm_up_without_a_listing_leaves_the_voice_set_open(up, down):
     assert len(up.requests) == (0 if down else 1)
 
 
+async def test_an_upstream_without_a_listing_is_not_asked_again(up):
+    engine = OpenAIEngine(url=up.url, rediscover_s=0)
+    await asyncio.wait_for(engine.warm_up(), GUARD_S)
+    for _ in range(3):
+        await asyncio.wait_for(audio(engine), GUARD_S)
+    assert [r.method for r in up.requests] == ["GET", "POST", "POST", "POST"]
+    assert engine.voice_refresh is None
+    await engine.aclose()
+
+
+async def test_voices_are_learned_once_an_upstream_that_was_away_answers():
+    """A front started while its GPU server restarts picks the voices up later, in the background."""
+    with StandIn(voices=Reply(status=503, headers={"content-type": "text/plain"}, chunks=[], body=b"loading")) as up:
+        engine = OpenAIEngine(url=up.url, rediscover_s=0)
+        await asyncio.wait_for(engine.warm_up(), GUARD_S)
+        assert engine.capabilities.any_voice
+        up.voices = {"voices": ["vivian", "ryan"], "uploaded_voices": []}
+        stream = engine.stream(SynthesisRequest("Hi there.", "default"))
+        await asyncio.wait_for(anext(stream), GUARD_S)  # the segment is made meanwhile
+        refresh = engine.voice_refresh
+        if refresh is not None:
+            await asyncio.wait_for(asyncio.shield(refresh), GUARD_S)
+        await stream.aclose()
+        caps = engine.capabilities
+        assert (caps.voices, caps.default_voice, caps.any_voice) == (("vivian", "ryan"), "vivian", False)
+        await asyncio.wait_for(audio(engine), GUARD_S)  # known now: not asked again
+        methods = [r.method for r in up.requests]  # the second GET runs beside the first POST
+        assert (methods[0], sorted(methods[1:3]), methods[3:]) == ("GET", ["GET", "POST"], ["POST"])
+        await engine.aclose()
+
+
 async def test_configured_voices_skip_discovery():
     with StandIn(voices={"voices": ["x", "y"]}) as up:
         engine = OpenAIEngine(url=up.url, voices=["a", "b"])

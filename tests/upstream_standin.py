@@ -67,7 +67,7 @@ def error_reply(status, message, param=None, type_="BadRequestError"):
 
 class StandIn:
     def __init__(self, voices=None, default=None):
-        self.voices = voices  # GET /v1/audio/voices payload; None answers 404
+        self.voices = voices  # GET /v1/audio/voices: a JSON payload, a Reply, or None for 404
         self.default = default or Reply()
         self.requests: list[Request] = []
         self.connections = 0  # accepted so far
@@ -160,6 +160,8 @@ class StandIn:
         return await self._reply(conn, reader, writer, reply)
 
     def _voices_reply(self):
+        if isinstance(self.voices, Reply):
+            return self.voices
         if self.voices is None:
             return error_reply(404, "Not Found", type_="not_found_error")
         return Reply(headers={"content-type": "application/json"}, chunks=[], body=json.dumps(self.voices).encode())

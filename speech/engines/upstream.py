@@ -20,6 +20,7 @@ import base64
 import functools
 import json
 import logging
+import time
 from email.message import Message
 
 import httpx
@@ -45,7 +46,7 @@ JSON = {"content-type": "application/json"}  # the voice name that leaves the ch
 
 class OpenAIEngine(Engine):
     def __init__(self, *, url, api_key="", model="", voices=(), sample_rate=24000, connect_timeout_s=5.0,
-                 read_timeout_s=30.0, retries=2, max_connections=100):
+                 read_timeout_s=30.0, retries=2, max_connections=100, rediscover_s=30.0):
         self.url = url.rstrip("/")
         self.endpoint = f"{self.url}/audio/speech"
         self.model = model
@@ -57,6 +58,10 @@ class OpenAIEngine(Engine):
         self.capabilities = self._capabilities(tuple(voices), sample_rate)
         self._client = None
         self._client_loop = None
+        self.rediscover_s = rediscover_s
+        self._voices_pending = not voices  # the upstream's listing is still to be learned
+        self._next_discovery = float("inf")  # asked again only after warm_up() found the upstream away
+        self.voice_refresh = None  # the background task asking the upstream again, while one runs
 
     @classmethod
     def from_settings(cls, conf):
@@ -83,22 +88,41 @@ class OpenAIEngine(Engine):
 
     async def warm_up(self):
         """Learn the upstream's voices (`GET /audio/voices`) unless SPEECH_UPSTREAM_VOICES names them.
-        An upstream that is down or has no such endpoint leaves the voice set open: any name is
-        passed on and the upstream judges it."""
-        if self.capabilities.voices:
+
+        Until they are known the voice set is open: any name is passed on and the upstream judges
+        it. An upstream without a listing (404/405) keeps it open for good; one that was away is
+        asked again, in the background, at most every `rediscover_s` while segments are made."""
+        if not self._voices_pending:
             return
         try:
             async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers) as client:
                 response = await client.get(f"{self.url}/audio/voices")
-                response.raise_for_status()
-                voices = _voice_names(response.json())
+            if response.status_code in (404, 405):
+                self._voices_pending = False
+                logger.info("%s lists no voices: any voice name is passed on to it", self.url)
+                return
+            response.raise_for_status()
+            voices = _voice_names(response.json())
         except (httpx.HTTPError, ValueError) as exc:
-            logger.warning("upstream voices unknown (%s): any voice name is passed on to %s", exc, self.url)
+            self._next_discovery = time.monotonic() + self.rediscover_s
+            logger.warning("upstream voices unknown for now (%s): any voice name is passed on to %s; asking "
+                           "again within %g s of use", exc, self.url, self.rediscover_s)
             return
+        self._voices_pending = False
         if voices:
             self.capabilities = self._capabilities(voices, self.capabilities.sample_rate)
 
+    def _maybe_rediscover(self):
+        if self._voices_pending and self.voice_refresh is None and time.monotonic() >= self._next_discovery:
+            self.voice_refresh = asyncio.create_task(self.warm_up(), name="upstream-voices")
+            self.voice_refresh.add_done_callback(self._rediscovered)
+
+    def _rediscovered(self, task):
+        self.voice_refresh = None
+
     async def aclose(self):
+        if self.voice_refresh is not None:
+            self.voice_refresh.cancel()
         if self._client is not None and self._client_loop is asyncio.get_running_loop():
             await self._client.aclose()
         self._client = None
@@ -118,6 +142,7 @@ class OpenAIEngine(Engine):
         return {key: value for key, value in body.items() if value is not None}
 
     async def stream(self, request: SynthesisRequest):
+        self._maybe_rediscover()
         body = await self.body(request)
         # Reference audio makes the body megabytes of base64: serialise it off the loop.
         content = json.dumps(body).encode() if "ref_audio" not in body else \
