@@ -141,3 +141,19 @@ async def test_stream_format_audio_streams_raw_formats_and_leaves_files_whole(pr
     response = await post({"input": "One.", "response_format": "wav", "stream_format": "audio"})
     assert response.status_code == 200 and not response.streaming
     assert response.content[:4] == b"RIFF"
+
+
+def test_api_paths_skip_the_browser_middleware_and_the_admin_keeps_it(server):
+    """Under daphne the API's paths go to a handler without Django's sync-only browser middleware
+    (two thread hops each); the admin keeps the full stack: CSRF cookie, frame options."""
+    import urllib.request
+
+    for path in ("/v1/audio/voices", "/healthz"):
+        with urllib.request.urlopen(f"{server.http_url}{path}", timeout=30) as response:
+            assert response.status == 200
+            assert response.headers["X-Frame-Options"] is None and response.headers["Set-Cookie"] is None, path
+            assert "Cookie" not in (response.headers["Vary"] or ""), path
+    with urllib.request.urlopen(f"{server.http_url}/admin/login/", timeout=30) as response:
+        assert response.status == 200
+        assert response.headers["X-Frame-Options"] == "DENY"
+        assert "csrftoken=" in (response.headers["Set-Cookie"] or "")

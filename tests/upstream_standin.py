@@ -122,6 +122,8 @@ class StandIn:
                 conn.start_next_cycle()
         except (ConnectionError, h11.ProtocolError):
             pass
+        except asyncio.CancelledError:  # the stand-in is stopping with this connection still open
+            pass
         finally:
             writer.close()
             self._changed(open=-1)

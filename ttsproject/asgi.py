@@ -1,6 +1,6 @@
 """ASGI entry point: `daphne ttsproject.asgi:application` from the project root.
 
-HTTP goes to Django; WebSocket goes through the Origin policy to the speech consumer. The
+HTTP goes to Django (the API's paths without the browser middleware, speech/apihandler.py); WebSocket goes through the Origin policy to the speech consumer. The
 engine is built and warmed up here, before daphne listens, so the first client pays nothing.
 """
 
@@ -15,6 +15,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from speech.apihandler import APIHandler, PathRouter  # noqa: E402
 from speech.bodylimit import UploadLimit  # noqa: E402
 from speech.conf import conf  # noqa: E402
 from speech.engines import get_engine  # noqa: E402
@@ -26,7 +27,7 @@ if conf.WARM_UP:
 
 application = ProtocolTypeRouter(
     {
-        "http": UploadLimit(django_asgi_app),
+        "http": UploadLimit(PathRouter(api=APIHandler(), site=django_asgi_app)),
         "websocket": origin_policy(URLRouter(websocket_urlpatterns)),
     }
 )

@@ -40,8 +40,8 @@ RETRY_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, 
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error response read for its message
 REFERENCE_MIME = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg",
                   "m4a": "audio/mp4", "webm": "audio/webm"}
-DEFAULT = "default"
-JSON = {"content-type": "application/json"}  # the voice name that leaves the choice to the upstream
+DEFAULT = "default"  # the voice name that leaves the choice to the upstream
+JSON = {"content-type": "application/json"}
 
 
 class OpenAIEngine(Engine):
@@ -152,22 +152,19 @@ class OpenAIEngine(Engine):
             last = attempt == self.retries
             try:
                 async with client.stream("POST", self.endpoint, content=content, headers=JSON) as response:
-                    if response.status_code in RETRY_STATUSES and not last:
-                        await _backoff(attempt)
-                        continue
-                    if response.status_code != 200:
-                        raise await _status_error(response)
-                    dtype = self._check_format(response)
-                    async for chunk in _pcm(response, dtype):
-                        yield chunk
-                    return
+                    if response.status_code not in RETRY_STATUSES or last:
+                        if response.status_code != 200:
+                            raise await _status_error(response)
+                        dtype = self._check_format(response)
+                        async for chunk in _pcm(response, dtype):
+                            yield chunk
+                        return
             except RETRY_ERRORS as exc:  # raised before any audio: after it, _pcm raises _StreamBroke
-                if not last:
-                    await _backoff(attempt)
-                    continue
-                raise self._transport_error(exc) from exc
+                if last:
+                    raise self._transport_error(exc) from exc
             except httpx.TransportError as exc:  # timeouts, a broken stream, pool exhaustion
                 raise self._transport_error(exc) from exc
+            await _backoff(attempt)  # the failed response is closed by now
 
     def _check_format(self, response):
         header = Message()
