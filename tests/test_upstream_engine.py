@@ -306,6 +306,21 @@ async def test_hold_after_audio_fails_after_the_audio(up, engines):
     await until(up, lambda: up.disconnects == 1)
 
 
+async def test_an_upstream_that_trickles_falls_behind_real_time_and_fails(up, engines):
+    """A byte pair every 0.1 s never trips the read timeout, yet would hold the segment for ever."""
+    up.script(Reply(chunks=[TONE[i:i + 2] for i in range(0, 200, 2)], interval_s=0.1))
+    chunks, error = await outcome(engines(up.url, read_timeout_s=0.3))
+    assert error is not None and error.message == "upstream speech server fell more than 0.3 s behind real time"
+    assert chunks and error.error_type == SERVER_ERROR
+    await until(up, lambda: up.open == 0)
+
+
+async def test_an_upstream_streaming_faster_than_real_time_may_take_longer_than_the_read_timeout(up, engines):
+    paced = [TONE[:2400]] * 30  # 30 chunks of 50 ms of audio, one every 40 ms: 1.2 s in all
+    up.script(Reply(chunks=paced, interval_s=0.04))
+    assert np.array_equal(await audio(engines(up.url, read_timeout_s=1.0)), samples(b"".join(paced)))
+
+
 async def test_garbage_on_every_attempt_is_invalid_http(up, engines):
     up.script(*[Reply(raw=b"garbage\r\n\r\n")] * 3)
     error = await failure(engines(up.url))

@@ -12,7 +12,7 @@ use it. Each POST takes the next scripted `Reply` (or `default`); requests are r
 Replies: `chunks` are sent with chunked encoding; `hold=True` keeps the response open after them
 until the client goes away (counted in `disconnects`); `hang=True` never sends headers; `drop=True`
 closes the connection without a response; `raw` sends those bytes instead of HTTP; `break_after`
-closes the connection after the chunks without ending the body.
+closes the connection after the chunks without ending the body; `interval_s` paces the chunks.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class Reply:
     drop: bool = False
     raw: bytes | None = None
     break_after: bool = False
+    interval_s: float = 0.0  # a pause before each chunk after the first: an upstream that trickles
 
 
 @dataclass
@@ -189,7 +190,9 @@ class StandIn:
         else:
             headers.append(("transfer-encoding", "chunked"))
         writer.write(conn.send(h11.Response(status_code=reply.status, headers=headers)))
-        for chunk in ([reply.body] if reply.body is not None else reply.chunks):
+        for index, chunk in enumerate([reply.body] if reply.body is not None else reply.chunks):
+            if index and reply.interval_s:
+                await asyncio.sleep(reply.interval_s)
             if chunk:
                 writer.write(conn.send(h11.Data(data=chunk)))
                 await writer.drain()

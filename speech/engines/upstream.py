@@ -156,7 +156,7 @@ class OpenAIEngine(Engine):
                         if response.status_code != 200:
                             raise await _status_error(response)
                         dtype = self._check_format(response)
-                        async for chunk in _pcm(response, dtype):
+                        async for chunk in self._paced(_pcm(response, dtype)):
                             yield chunk
                         return
             except RETRY_ERRORS as exc:  # raised before any audio: after it, _pcm raises _StreamBroke
@@ -165,6 +165,18 @@ class OpenAIEngine(Engine):
             except httpx.TransportError as exc:  # timeouts, a broken stream, pool exhaustion
                 raise self._transport_error(exc) from exc
             await _backoff(attempt)  # the failed response is closed by now
+
+    async def _paced(self, chunks):
+        """Fail an upstream that falls more than the read timeout behind real time: one that trickles
+        a few bytes before each read timeout would otherwise hold the segment for ever."""
+        started = time.monotonic()
+        rate, allowed = self.capabilities.sample_rate, self.timeout.read
+        audio_s = 0.0
+        async for chunk in chunks:
+            audio_s += chunk.size / rate
+            if time.monotonic() - started - audio_s > allowed:
+                raise EngineError(f"upstream speech server fell more than {allowed:g} s behind real time")
+            yield chunk
 
     def _check_format(self, response):
         header = Message()
