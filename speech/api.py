@@ -21,8 +21,8 @@ from django.views.decorators.csrf import csrf_exempt
 from . import auth, oneshot, protocol, registry, signals, voices
 from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .conf import conf
-from .engines import get_engine
-from .errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
+from .engines import EngineBusy, get_engine
+from .errors import BAD_REQUEST, SERVER_ERROR, SpeechError
 from .models import Voice
 
 logger = logging.getLogger(__name__)
@@ -232,10 +232,9 @@ async def speech(request):
 
 def _synthesis_error(exc):
     """The engine's failure with its own class: bad input 400, rate limits 429, overload 503, else 500."""
-    message = str(exc)
     if isinstance(exc, SpeechError) and exc.code:
-        return error(exc.code, message, type=exc.error_type, param=exc.param)
-    return error(503 if message == QUEUE_FULL_MESSAGE else 500, message, type=SERVER_ERROR)
+        return error(exc.code, exc.message, type=exc.error_type, param=exc.param)
+    return error(503 if isinstance(exc, EngineBusy) else 500, str(exc), type=SERVER_ERROR)
 
 
 async def _stream(audio, first, encoder):

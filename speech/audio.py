@@ -64,3 +64,8 @@ def pcm16(samples):
     inverse of reading s16 as n / 32768, so 16-bit audio passes through (an upstream engine's PCM,
     say) bit for bit."""
     return np.clip(np.rint(samples * np.float32(32768.0)), -32768, 32767).astype("<i2").tobytes()
+
+
+def from_pcm16(data, dtype="<i2"):
+    """float32 samples from 16-bit PCM bytes (`dtype` ">i2" for big-endian): n / 32768, pcm16's inverse."""
+    return np.frombuffer(data, dtype=dtype).astype(np.float32) / np.float32(32768.0)

@@ -67,6 +67,20 @@ class LeadLimiter:
         self.credit -= seconds
 
 
+async def render_segment(engine, config, text):
+    """One segment's audio as the client wants it: the engine's chunks through the segment's
+    `transforms.Chain` (speed, rate; off the event loop). Closing the generator, or cancelling the
+    task that reads it, aborts the engine's work."""
+    engine_speed, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
+    chain = Chain(engine.capabilities.sample_rate, config.sample_rate, stretch)
+    request = SynthesisRequest(text, config.voice, engine_speed, config.options, config.reference)
+    async with contextlib.aclosing(engine.stream(request)) as chunks:
+        async for chunk in chunks:
+            yield chunk if chain.identity else await asyncio.to_thread(chain.process, chunk)
+    if not chain.identity:
+        yield await asyncio.to_thread(chain.flush)
+
+
 class Pipeline:
     def __init__(self, *, engine, config, transport, session_id, max_segment_chars, lead_s, on_idle, on_crash):
         self.engine = engine
@@ -78,8 +92,6 @@ class Pipeline:
         self.on_crash = on_crash  # called when delivery itself failed (a bug, not an engine error)
         self.limiter = LeadLimiter(lead_s)
         self.rate = config.sample_rate
-        self.engine_rate = engine.capabilities.sample_rate
-        self.engine_speed, self.stretch = plan_speed(config.speed, engine.capabilities.speed_range)
         self.frame_samples = max(1, int(self.rate * FRAME_S))
         self.jobs: deque[Job] = deque()
         self.announced = 0  # sentence indexes given so far
@@ -118,14 +130,9 @@ class Pipeline:
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
-            request = SynthesisRequest(job.text, self.config.voice, self.engine_speed, self.config.options,
-                                       self.config.reference)
-            chain = Chain(self.engine_rate, self.rate, self.stretch)
-            async with contextlib.aclosing(self.engine.stream(request)) as chunks:
-                async for chunk in chunks:
-                    job.chunks.put_nowait(chunk if chain.identity else await asyncio.to_thread(chain.process, chunk))
-            if not chain.identity:
-                job.chunks.put_nowait(await asyncio.to_thread(chain.flush))
+            async with contextlib.aclosing(render_segment(self.engine, self.config, job.text)) as audio:
+                async for chunk in audio:
+                    job.chunks.put_nowait(chunk)
         except SpeechError as exc:
             job.chunks.put_nowait(exc)
         except Exception:

@@ -52,6 +52,21 @@ def port_accepts(host, port, timeout=0.5):
         return False
 
 
+WAIT_S = 30.0  # hang guard of wait_for: servers settle on their own, a hang must still fail
+
+
+def wait_for(predicate, what, timeout=WAIT_S, interval=0.02):
+    """Bounded poll for a state the servers reach on their own: predicate()'s first truthy value,
+    or AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
 class ServerFailed(RuntimeError):
     pass
 

@@ -28,7 +28,6 @@ import signal
 import sqlite3
 import subprocess
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -49,6 +48,7 @@ from tests.live import (
     run_session,
     segments_of,
     send_json,
+    wait_for,
 )
 
 RATE = 24000
@@ -100,14 +100,12 @@ class Cluster:
 
     def ended_record(self, session_id):
         """The row once the session's outcome is written (bounded poll)."""
-        deadline = time.monotonic() + POLL_S
-        while time.monotonic() < deadline:
+        def ended():
             row = self.record(session_id)
             assert row is not None, f"no registry row for {session_id}"
-            if row["status"] != "active":
-                return row
-            time.sleep(0.02)
-        raise AssertionError(f"registry row of {session_id} still active after {POLL_S} s: {row}")
+            return row if row["status"] != "active" else None
+
+        return wait_for(ended, f"registry row of {session_id} no longer active", POLL_S)
 
     def manage(self, *args, extra_env=None):
         """A manage.py command against the shared database and Redis."""
@@ -543,10 +541,7 @@ async def test_sessions_of_a_killed_instance_stop_being_live(cluster):
         assert status in (202, 404), (status, body)  # 202 while the dead instance's heartbeat lasts
         return (status, body) if status == 404 else None
 
-    deadline = time.monotonic() + POLL_S
-    while (result := await asyncio.to_thread(answer)) is None:
-        assert time.monotonic() < deadline, f"still 202 after {POLL_S} s for a session of a killed instance"
-        await asyncio.sleep(0.2)
+    result = await asyncio.to_thread(wait_for, answer, "404 for a session of a killed instance", POLL_S, 0.2)
     assert result == (404, not_live(sid))
     row = cluster.record(sid)
     assert row["status"] == "failed" and row["ended_at"] is not None and row["instance"] == cluster.instance("D")

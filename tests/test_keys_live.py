@@ -28,7 +28,7 @@ import redis
 import speech.slots
 from speech.slots import _ACQUIRE, LEASE_S, RedisSlots
 from tests import audio_samples as samples
-from tests.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session
+from tests.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session, wait_for
 
 REDIS_DB = 11  # this module's Redis database; only the keys it creates are touched, and deleted at the end
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
@@ -144,11 +144,8 @@ def auth(secret):
 
 
 async def wait_until(condition, what):
-    """Poll a condition the servers settle on their own (a disconnect processed); bounded."""
-    deadline = time.monotonic() + GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
+    """A condition the servers settle on their own (a disconnect processed), off the loop; bounded."""
+    await asyncio.to_thread(wait_for, condition, what, GUARD_S)
 
 
 async def refused(url, *, headers=None, query=""):

@@ -36,10 +36,10 @@ from tests.live import (
     run_session,
     segments_of,
     send_json,
+    wait_for,
 )
 
 REDIS_START_S = 20.0  # hang guards
-RECONNECT_S = 30.0
 
 
 class RedisServer:
@@ -109,17 +109,6 @@ class RedisServer:
     def __exit__(self, *exc_info):
         self.cleanup()
         return False
-
-
-def wait_for(predicate, what, timeout=RECONNECT_S):
-    """Bounded poll: returns predicate()'s first truthy value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"{what}: not within {timeout} s")
 
 
 # -- the module's servers -------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """speech.engines.upstream.OpenAIEngine against the loopback stand-in upstream (real sockets, real httpx).
 
 Nothing sleeps to wait for an outcome: every await has a hang guard (GUARD_S) that only turns a hang
-into a failure, and the stand-in's counters are awaited with `until()` (its own bounded wait, run in a
-thread so the loop can finish closing sockets meanwhile).
+into a failure, and the stand-in's counters are awaited with `StandIn.reached()` (its own bounded
+wait, run in a thread so the loop can finish closing sockets meanwhile).
 """
 
 from __future__ import annotations
@@ -63,10 +63,6 @@ async def failure(engine, request=None):
     error = (await outcome(engine, request))[1]
     assert error is not None, "the stream should have failed"
     return error
-
-
-async def until(up, predicate):
-    assert await asyncio.to_thread(up.wait, predicate), "the stand-in never reached the expected state"
 
 
 def closed_port_url():
@@ -249,7 +245,7 @@ async def test_huge_error_body_is_not_read_whole(up, engines, reply):
     up.script(reply)
     error = await failure(engines(up.url, read_timeout_s=10 * GUARD_S))
     assert error.message == "upstream speech server failed (HTTP 500): " + "x" * 300
-    await until(up, lambda: up.open == 0)  # a half-read response is not pooled
+    await up.reached(lambda: up.open == 0)  # a half-read response is not pooled
 
 
 # 5. Retries
@@ -292,7 +288,7 @@ async def test_no_retry_on_read_timeout(up, engines, stall):
     error = await failure(engines(up.url, read_timeout_s=0.3))
     assert error.message == "upstream speech server sent nothing for 0.3 s"
     assert len(up.requests) == 1
-    await until(up, lambda: up.disconnects == 1)
+    await up.reached(lambda: up.disconnects == 1)
 
 
 # 6. Bad upstreams fail, never hang
@@ -303,7 +299,7 @@ async def test_hold_after_audio_fails_after_the_audio(up, engines):
     assert np.array_equal(np.concatenate(chunks), samples(TONE))
     assert f"broke off after {len(TONE)} bytes" in error.message
     assert len(up.requests) == 1
-    await until(up, lambda: up.disconnects == 1)
+    await up.reached(lambda: up.disconnects == 1)
 
 
 async def test_an_upstream_that_trickles_falls_behind_real_time_and_fails(up, engines):
@@ -312,7 +308,7 @@ async def test_an_upstream_that_trickles_falls_behind_real_time_and_fails(up, en
     chunks, error = await outcome(engines(up.url, read_timeout_s=0.3))
     assert error is not None and error.message == "upstream speech server fell more than 0.3 s behind real time"
     assert chunks and error.error_type == SERVER_ERROR
-    await until(up, lambda: up.open == 0)
+    await up.reached(lambda: up.open == 0)
 
 
 async def test_an_upstream_streaming_faster_than_real_time_may_take_longer_than_the_read_timeout(up, engines):
@@ -369,7 +365,7 @@ async def test_pool_exhaustion_fails_within_the_pool_timeout(up, engines):
     error = await failure(engine)
     assert error.message == "no free connection to the upstream speech server within 0.3 s"
     await first.aclose()
-    await until(up, lambda: up.disconnects == 1)
+    await up.reached(lambda: up.disconnects == 1)
 
 
 # 7. Cancellation
@@ -389,7 +385,7 @@ async def test_cancelling_the_consumer_closes_the_connection(up, engines):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, GUARD_S)
-    await until(up, lambda: up.disconnects == 1 and up.open == 0)
+    await up.reached(lambda: up.disconnects == 1 and up.open == 0)
 
 
 async def test_closing_the_iterator_closes_the_connection(up, engines):
@@ -397,7 +393,7 @@ async def test_closing_the_iterator_closes_the_connection(up, engines):
     async with contextlib.aclosing(engines(up.url).stream(req())) as stream:
         chunk = await asyncio.wait_for(anext(stream), GUARD_S)
         assert np.array_equal(chunk, samples(TONE)[:len(chunk)])
-    await until(up, lambda: up.disconnects == 1 and up.open == 0)
+    await up.reached(lambda: up.disconnects == 1 and up.open == 0)
 
 
 # 8. Connections
@@ -424,7 +420,7 @@ async def test_no_connection_left_after_failures_cancels_and_aclose(up, engines)
     await audio(engine)
     assert up.open >= 1  # the last connection is pooled
     await engine.aclose()
-    await until(up, lambda: up.open == 0)
+    await up.reached(lambda: up.open == 0)
 
 
 # 9. Voice discovery

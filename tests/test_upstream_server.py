@@ -114,10 +114,6 @@ def posts(standin):
     return [r for r in standin.requests if r.method == "POST"]
 
 
-async def wait_for(standin, predicate):
-    assert await asyncio.to_thread(standin.wait, predicate), "the stand-in never saw what the test waits for"
-
-
 async def speak(srv, standin, config, texts):
     """A whole session, each text sent once the previous one's POST reached the stand-in.
     Returns (result, the POSTs of this session)."""
@@ -128,7 +124,7 @@ async def speak(srv, standin, config, texts):
         result.configured = await configure(ws, config)
         for n, text in enumerate(texts, 1):
             await send_json(ws, {"type": "input.text", "text": text})
-            await wait_for(standin, lambda n=n: len(posts(standin)) >= start + n)
+            await standin.reached(lambda n=n: len(posts(standin)) >= start + n)
         await send_json(ws, {"type": "input.done"})
         await collect(ws, result)
     finally:
@@ -487,7 +483,7 @@ async def test_cancel_closes_the_upstream_response(main, up, how):
                                     "total_bytes": len(segment.audio), "error": False, "cancelled": True}
             assert items[-1].data == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 1,
                                       "total_sentences": 1, "origin": "server" if how == "rest" else "client"}
-        await wait_for(up, lambda: up.disconnects == before + 1)
+        await up.reached(lambda: up.disconnects == before + 1)
         if how != "disconnect":  # the session goes on with the next free index
             await send_json(ws, {"type": "input.text", "text": "Something else. "})
             await send_json(ws, {"type": "input.done"})
@@ -513,7 +509,7 @@ async def test_client_leaving_mid_burst_leaves_no_traceback(media):
                     finally:
                         await ws.close()
                     # The upstream response was closed (mid-body: counted in `open`, not `disconnects`).
-                    await wait_for(standin, lambda: standin.open == 0)
+                    await standin.reached(lambda: standin.open == 0)
             assert srv.stopped_by_sigterm and srv.returncode == 0
             srv.assert_no_traceback()
         finally:
@@ -589,17 +585,17 @@ async def leak_candidates(srv, standin):
                 assert (await collect(ws, until=is_event("input.cancelled"))).close_code is None
         finally:
             await ws.close()
-        await wait_for(standin, lambda: standin.disconnects == before + 1)
+        await standin.reached(lambda: standin.disconnects == before + 1)
 
 
 async def test_zz_no_upstream_connection_outlives_its_use_or_the_server(main, up):
     """Runs last: it stops the main server."""
     await leak_candidates(main, up)
     # While the server runs only idle pooled connections remain: a session holds at most two.
-    await wait_for(up, lambda: up.open <= 2)
+    await up.reached(lambda: up.open <= 2)
     code = await asyncio.to_thread(main.stop)
     assert main.stopped_by_sigterm and code == 0, main.stderr_text()[-3000:]
-    await wait_for(up, lambda: up.open == 0)
+    await up.reached(lambda: up.open == 0)
     main.assert_no_traceback()
 
 

@@ -8,6 +8,7 @@ use it. Each POST takes the next scripted `Reply` (or `default`); requests are r
         ...
         upstream.requests[0].json["input"]
         assert upstream.wait(lambda: upstream.disconnects == 1)   # the client closed its connection
+        await upstream.reached(lambda: upstream.open == 0)          # the same, from async code
 
 Replies: `chunks` are sent with chunked encoding; `hold=True` keeps the response open after them
 until the client goes away (counted in `disconnects`); `hang=True` never sends headers; `drop=True`
@@ -92,6 +93,10 @@ class StandIn:
     def wait(self, predicate, timeout=WAIT_S):
         with self._cond:
             return self._cond.wait_for(predicate, timeout)
+
+    async def reached(self, predicate):
+        """From async code: wait (bounded, off the loop) until predicate() holds; fail otherwise."""
+        assert await asyncio.to_thread(self.wait, predicate), "the stand-in never reached the expected state"
 
     def __enter__(self):
         self._thread.start()

@@ -24,8 +24,8 @@ import time
 from email.message import Message
 
 import httpx
-import numpy as np
 
+from .. import audio
 from ..errors import BAD_REQUEST, RATE_LIMIT
 from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
 
@@ -228,7 +228,7 @@ async def _pcm(response, dtype):
             usable = len(data) - len(data) % 2
             carry = data[usable:]
             if usable:
-                yield np.frombuffer(data[:usable], dtype=dtype).astype(np.float32) / 32768.0
+                yield audio.from_pcm16(data[:usable], dtype)
     except (httpx.TransportError, httpx.DecodingError) as exc:
         if received == 0:
             raise
