@@ -18,6 +18,7 @@ from collections import deque
 
 import numpy as np
 
+from . import metrics
 from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .engines import SynthesisRequest
 from .errors import SpeechError, bad_request, server_error
@@ -74,7 +75,7 @@ async def render_segment(engine, config, text):
     engine_speed, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
     chain = Chain(engine.capabilities.sample_rate, config.sample_rate, stretch)
     request = SynthesisRequest(text, config.voice, engine_speed, config.options, config.reference)
-    async with contextlib.aclosing(engine.stream(request)) as chunks:
+    async with contextlib.aclosing(metrics.timed(engine.stream(request), engine.capabilities.sample_rate)) as chunks:
         async for chunk in chunks:
             yield chunk if chain.identity else await asyncio.to_thread(chain.process, chunk)
     if not chain.identity:
@@ -177,8 +178,10 @@ class Pipeline:
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
+        metrics.audio_sent(len(data), seconds)
         if self.first_audio_s is None:
             self.first_audio_s = time.monotonic() - job.queued_at
+            metrics.TTFA.observe(self.first_audio_s)
         # Let the loop run: the server writes this frame to the socket now instead of after the
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
         await asyncio.sleep(0)

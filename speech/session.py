@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Protocol
 
+from . import metrics
 from .conf import conf
 from .errors import (
     CLOSE_INTERNAL,
@@ -236,6 +237,7 @@ class SpeechSession:
     async def _on_cancel(self, payload, origin="client"):
         self.segmenter.clear()
         cancelled = await self.pipeline.cancel()
+        metrics.CANCELS.labels(origin).inc()
         await self.transport.send_json({
             "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
             "total_sentences": self.pipeline.total_sentences, "origin": origin,

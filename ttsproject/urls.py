@@ -6,6 +6,8 @@ from speech import api, views
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("health", views.health, name="health"),
+    path("metrics", views.metrics, name="metrics"),
     path("v1/audio/speech", api.speech, name="speech"),
     path("v1/audio/voices", api.voice_list, name="voice-list"),
     path("v1/audio/voices/<str:name>", api.voice_detail, name="voice-detail"),
