@@ -27,7 +27,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from .live import PROJECT_ROOT, free_port, port_accepts
+from .live import PROJECT_ROOT, free_port, port_accepts, wait_for
 
 DOCKER = PROJECT_ROOT / "docker"
 NGINX_TEMPLATE = DOCKER / "nginx" / "speech.conf.template"
@@ -122,6 +122,11 @@ http {{
         pattern = re.compile(rf'"{re.escape(method)} {re.escape(path)}" \d+ \d+ upstream=(\S+)')
         text = self.access_log.read_text() if self.access_log.exists() else ""
         return [match.group(1) for match in pattern.finditer(text)]
+
+    def served_by(self, method, path):
+        """The upstream of the last `METHOD path` request, once nginx has logged it (it logs a request
+        as it finishes, which may be just after the client has read the response)."""
+        return wait_for(lambda: self.upstreams(method, path), f"{method} {path} in nginx's access log")[-1]
 
     def error_log(self):
         path = self.dir / "error.log"
