@@ -32,6 +32,7 @@ from .live import PROJECT_ROOT, free_port, port_accepts, wait_for
 DOCKER = PROJECT_ROOT / "docker"
 NGINX_TEMPLATE = DOCKER / "nginx" / "speech.conf.template"
 NGINX_START_S = 20.0  # hang guard
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"  # Debian's package; /usr/sbin may be off a user's PATH
 POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
 
 
@@ -94,7 +95,7 @@ http {{
         return self
 
     def command(self, *extra):
-        return ["nginx", "-e", str(self.dir / "error.log"), "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
+        return [NGINX, "-e", str(self.dir / "error.log"), "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
                 *extra]
 
     def test_config(self):
