@@ -50,3 +50,8 @@ def fatal(message, param=None, *, close_code=CLOSE_POLICY):
 
 def server_error(message):
     return SpeechError(message, error_type=SERVER_ERROR, code=None)
+
+
+def at_capacity():
+    """The handshake's refusal when this instance cannot start a new session's speech in time."""
+    return SpeechError(QUEUE_FULL_MESSAGE, error_type=SERVER_ERROR, code=None, close_code=CLOSE_CAPACITY)

@@ -1,4 +1,7 @@
-"""daphne, as `manage.py serve` runs it: the stock server with a shutdown that works.
+"""daphne, as `manage.py serve` runs it: the stock server with backpressure and a shutdown that works.
+
+Backpressure: each WebSocket's transport reports a full outgoing buffer to a FlowControl that the
+application finds in its scope (speech/flowcontrol.py).
 
 On SIGTERM daphne cancels every application before the reactor stops, so that sessions can end
 cleanly. Its own `kill_all_applications` indexes `details["application_instance"]`, which is
@@ -15,12 +18,19 @@ from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import defer
 
+from .flowcontrol import SCOPE_KEY, FlowControl
 from .signals import get_bus
 
 logger = logging.getLogger(__name__)
 
 
 class SpeechServer(Server):
+    def create_application(self, protocol, scope):
+        """Every WebSocket gets its backpressure signal (speech/flowcontrol.py) in its scope."""
+        if scope["type"] == "websocket":
+            scope[SCOPE_KEY] = FlowControl.attach(protocol)
+        return super().create_application(protocol, scope)
+
     def kill_all_applications(self):
         instances = [
             details["application_instance"]

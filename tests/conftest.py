@@ -62,7 +62,7 @@ class Harness:
         self.engine = engine
         self.limits = limits_
         self.t = Recorder(yield_on_send=yield_on_send)
-        self.session = SpeechSession(self.t, engine, limits_, lead_s=0)
+        self.session = SpeechSession(self.t, engine, limits_)
 
     def start(self):
         self.session.start()

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import audio
 from .base import Capabilities, Engine, SynthesisRequest
-from .pool import BoundedPool
+from .pool import SynthesisPool
 
 
 def available_voices():
@@ -31,13 +31,13 @@ def available_voices():
 
 
 class HibariEngine(Engine):
-    def __init__(self, *, workers=1, queue_size=32):
+    def __init__(self, *, workers=1):
         from hibari import SAMPLE_RATE, Hibari
         from hibari.voices import DEFAULT
 
         voices = available_voices()
         self._models = {name: Hibari(voice=name, threads=1) for name in voices}
-        self._pool = BoundedPool(workers, queue_size, "hibari")
+        self._pool = SynthesisPool(workers, "hibari")
         self.capabilities = Capabilities(
             name="hibari",
             voices=voices,
@@ -51,7 +51,7 @@ class HibariEngine(Engine):
 
     @classmethod
     def from_settings(cls, conf):
-        return cls(workers=conf.ENGINE_WORKERS, queue_size=conf.ENGINE_QUEUE_SIZE)
+        return cls(workers=conf.ENGINE_WORKERS)
 
     def _render(self, tts, phonemes, speed, rng):
         rate = self.capabilities.sample_rate
@@ -68,13 +68,16 @@ class HibariEngine(Engine):
     async def stream(self, request: SynthesisRequest):
         tts = self._models[request.voice]
         rng = np.random.default_rng(request.options.get("seed"))
-        first, rest = await self._pool.run(self._first, tts, request.text, request.speed, rng)
+        first, rest = await self._pool.run(self._first, tts, request.text, request.speed, rng, ticket=request.ticket)
         if first is not None and first.size:
             yield first
         for phonemes in rest:
-            chunk = await self._pool.run(self._render, tts, phonemes, request.speed, rng)
+            chunk = await self._pool.run(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket)
             if chunk.size:
                 yield chunk
+
+    def estimated_wait(self):
+        return self._pool.estimated_wait()
 
     async def warm_up(self):
         for voice in self.capabilities.voices:
