@@ -1,8 +1,8 @@
 """REST endpoints: one-shot speech (OpenAI-compatible), reference voices (sglang-omni compatible),
 browser tokens, session control.
 
-Errors use the contract's envelope `{"error": {"message", "type", "param", "code"}}` (§8). With
-SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
+Errors use the envelope `{"error": {"message", "type", "param", "code"}}` (docs/protocol.md, REST
+endpoints). With SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The speech app's settings, read from django.conf.settings with their defaults.
 
-Modelled on django-cors-headers' conf.py: one place that names every setting, so the code
-asks `conf.MAX_PENDING_CHARS` and tests can override a setting with `override_settings`.
+Modelled on django-cors-headers' conf.py: the code asks `conf.MAX_PENDING_CHARS` and tests can
+override a setting with `override_settings`. It names every SPEECH_* setting but one:
+SPEECH_INSTANCE_ID is read straight from django.conf.settings by speech/registry.py, as REDIS_URL
+is by the cross-instance control plane. The README's Settings table lists every setting.
 """
 
 import os

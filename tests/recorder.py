@@ -116,7 +116,7 @@ def _short(value):
 
 
 def check_segment_order(items, first=0):
-    """Contract §4 ordering over a recorded stream. Returns {sentence_index: (start, frames, done)}.
+    """The ordering of docs/protocol.md over a recorded stream. Returns {sentence_index: (start, frames, done)}.
 
     Binary frames only between an audio.start and its audio.done; everything of segment k before
     anything of segment k+1; indexes increase by one; audio.done.total_bytes == bytes sent."""

@@ -1,7 +1,7 @@
-"""Django settings, read from the environment (see ../shared/spec/settings.md and README).
+"""Django settings, read from the environment (every variable is in the README's Settings table).
 
 Every value has a default that serves one machine out of the box: the embedded engine, SQLite,
-and the in-process channel layer. Production changes them with environment variables only.
+and no Redis (REDIS_URL unset: one instance). Production changes them with environment variables only.
 """
 
 import os

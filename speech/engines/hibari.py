@@ -1,6 +1,6 @@
 """Hibari: the embedded engine. Real neural speech on the CPU, weights inside its wheel.
 
-Facts this relies on (../shared/spec/engines.md): 24 kHz float32 output, one array per sentence,
+Facts this relies on (docs/engines.md, Hibari): 24 kHz float32 output, one array per sentence,
 a lazily loaded G2P (warmed up here), ~0.3 s of leading and ~0.5 s of
 trailing near-silence per sentence (trimmed) and quiet output (normalised). onnxruntime releases
 the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
