@@ -129,12 +129,18 @@ class Pipeline:
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
+            # Streamed raw audio is encoded here, as it is made: a held session's queued chunks
+            # then take 2 bytes a sample (1 for G.711), not float32's 4.
+            encoder = self._stream_encoder()
             async with contextlib.aclosing(render_segment(self.engine, self.config, job.text, job.ticket)) as audio:
                 async for chunk in audio:
-                    job.chunks.put_nowait(chunk)
+                    if chunk.size:
+                        job.chunks.put_nowait(encoder.encode(chunk) if encoder else chunk)
                     self._started(job)
         except SpeechError as exc:
             job.chunks.put_nowait(exc)
+        except EncodingError as exc:
+            job.chunks.put_nowait(server_error(str(exc)))
         except Exception:
             logger.exception("synthesis failed for a segment of %s", self.session_id)
             job.chunks.put_nowait(server_error("speech synthesis failed"))
@@ -182,6 +188,11 @@ class Pipeline:
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
         await asyncio.sleep(0)
 
+    def _stream_encoder(self):
+        if self.config.stream_audio:  # the handshake allows streaming for raw formats only
+            return RawEncoder(self.config.response_format, self.rate)
+        return None
+
     async def _deliver(self, job):
         fmt, streaming = self.config.response_format, self.config.stream_audio
         raw = RawEncoder(fmt, self.rate) if fmt in RAW_FORMATS else None
@@ -190,12 +201,12 @@ class Pipeline:
         while (item := await job.chunks.get()) is not _END:
             if isinstance(item, SpeechError):
                 failure = item
-            elif item.size == 0 or failure is not None:
+            elif failure is not None:
                 continue
-            elif not streaming:
-                collected.append(item)
+            elif streaming:  # encoded by the producer
+                await self._stream(job, raw.bytes_per_sample, item)
             else:
-                failure = await self._stream(job, raw, item)
+                collected.append(item)
         if failure is None and collected:
             samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
             try:
@@ -216,16 +227,10 @@ class Pipeline:
             await self.transport.send_json(failure.event(**extra))
         await self._done(job, error=failure is not None, cancelled=False)
 
-    async def _stream(self, job, encoder, samples):
-        """Send one chunk as raw frames: a short first frame for each segment, FRAME_S after it.
-        An encoder failure is returned, not raised."""
-        try:
-            data = encoder.encode(samples)
-        except EncodingError as exc:
-            return server_error(str(exc))
+    async def _stream(self, job, width, data):
+        """Send one encoded chunk as raw frames: a short first frame for each segment, FRAME_S after it."""
         if not job.announced:
             await self._start(job)
-        width = encoder.bytes_per_sample
         at = 0
         if job.bytes_sent == 0:
             at = max(1, int(self.rate * FIRST_FRAME_S)) * width
@@ -233,7 +238,6 @@ class Pipeline:
         step = max(1, int(self.rate * FRAME_S)) * width
         for at in range(at, len(data), step):
             await self._send_audio(job, data[at: at + step])
-        return None
 
     async def _done(self, job, *, error, cancelled):
         job.done_sent = True
