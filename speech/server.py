@@ -8,7 +8,7 @@ cleanly. Its own `kill_all_applications` indexes `details["application_instance"
 missing for a connection whose application has finished or not started yet (an HTTP keep-alive,
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
 sessions still running. This version skips such connections, waits for every session to end
-(each sends its error event and closes 4001, see consumers.py), then stops the signal listener.
+(each sends its error event and closes 4001, see consumers.py), then stops the channel layer's heartbeat.
 """
 
 import asyncio
@@ -19,8 +19,8 @@ from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import defer
 
+from . import control
 from .flowcontrol import SCOPE_KEY, FlowControl
-from .signals import get_bus
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class SpeechServer(Server):
     @staticmethod
     async def _stop(applications):
         await asyncio.gather(*applications, return_exceptions=True)
-        await get_bus().stop()  # no task may be left pending when the interpreter exits
+        await control.stop()  # no task may be left pending when the interpreter exits
 
 
 def _socket_of(transport):
