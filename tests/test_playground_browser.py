@@ -135,7 +135,7 @@ def test_stop_silences_at_once_and_the_next_speak_works(server, browser):
     assert "cancelled" in [s["end"] for s in u["segments"]]
     assert js(browser, "window.playground.played") == played  # nothing more was played after Stop
     assert js(browser, "window.playground.buffered") == 0
-    assert played < u["bytesReceived"] // 2 or u["bytesReceived"] < len(LONG) * 1000  # stopped mid-text
+    assert played < u["bytesReceived"] // 2  # some audio was received and never played
 
     set_text(browser, "And now something else.")
     click(browser, "speak")
