@@ -4,6 +4,7 @@ by word before the text is complete, shows server errors and goes on; with keys 
 token flows work and the key is kept nowhere. The README's screenshot is taken here."""
 
 import base64
+import re
 import subprocess
 
 import numpy as np
@@ -122,7 +123,20 @@ def test_speak_plays_what_the_server_sent(server, browser, whisper):
     assert console_errors(browser) == []
 
 
+def test_mulaw_at_its_own_rate_plays_every_sample(server, browser):
+    open_page(browser, server.http_url + "/")
+    browser.execute_script("document.getElementById('format').value = 'mulaw';")
+    speak_and_wait(browser, "Telephone quality.")
+    u = utterance(browser)
+    assert js(browser, "window.playground.rate") == 8000
+    assert js(browser, "window.playground.played") == u["bytesReceived"] == u["bytesAnnounced"]  # a byte a sample
+    samples, _ = heard(browser)
+    assert float(np.sqrt(np.mean(samples ** 2))) > 0.02
+
+
 def test_stop_silences_at_once_and_the_next_speak_works(server, browser):
+    from selenium.webdriver.common.by import By
+
     open_page(browser, server.http_url + "/")
     set_text(browser, LONG)
     click(browser, "speak")
@@ -130,6 +144,8 @@ def test_stop_silences_at_once_and_the_next_speak_works(server, browser):
     click(browser, "stop")
     wait_for(lambda: js(browser, "window.playground.buffered") == 0, "Stop empties the worklet's queue")
     played = js(browser, "window.playground.played")
+    status = browser.find_element(By.ID, "status")
+    wait_for(lambda: re.fullmatch(r"Stopped: silent \d+ ms after Stop\.", status.text), "the page says when it went silent")
     wait_for(lambda: utterance(browser)["closed"], "the cancelled session ends")
     u = utterance(browser)
     assert "cancelled" in [s["end"] for s in u["segments"]]

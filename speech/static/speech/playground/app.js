@@ -66,7 +66,7 @@ const view = {
     if (finished !== utterance) return;
     $("stop").disabled = player.buffered === 0;
     $("speak").disabled = false;
-    status(`Session ended. ${finished.segments.size} segment(s).`);
+    if (!finished.stoppedByUser) status(`Session ended. ${finished.segments.size} segment(s).`);
   },
 };
 

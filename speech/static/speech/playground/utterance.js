@@ -136,6 +136,7 @@ export class Utterance {
 
   // Barge-in: silence now, then tell the server (its cancel answer ends the session).
   stop() {
+    this.stoppedByUser = true;
     clearTimeout(this.timer);
     this.player.clear();
     if (this.closed) return;
