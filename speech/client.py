@@ -220,7 +220,9 @@ class Session:
         if segment is None:  # a segment that failed before any audio
             self.say(f"[{event['sentence_index']}] no audio{end}")
             return
-        first = "" if segment["first"] is None else f"first audio {1000 * (segment['first'] - segment['completed']):.0f} ms, "
+        first = ""
+        if segment["first"] is not None:
+            first = f"first audio {1000 * (segment['first'] - segment['completed']):.0f} ms, "
         seconds = f"{segment['bytes'] / (2 if self.fmt == 'pcm' else 1) / self.rate:.2f} s" if self.streamed else \
             f"{segment['bytes']} bytes"
         self.say(f"[{segment['index']}] {segment['text']!r}: {first}{seconds}{end}")
@@ -279,7 +281,8 @@ class Session:
             await self.ws.close()
         code = self.ws.close_code
         if code not in (1000, None) and not self.errors and not self.interrupted:
-            self.error(f"the server closed the connection (code {code}{', ' + self.ws.close_reason if self.ws.close_reason else ''})")
+            reason = f", {self.ws.close_reason}" if self.ws.close_reason else ""
+            self.error(f"the server closed the connection (code {code}{reason})")
         if self.interrupted:
             return EXIT_INTERRUPTED
         return EXIT_SERVER if self.errors or code != 1000 else EXIT_OK
