@@ -1,8 +1,8 @@
 """REST endpoints: one-shot speech (OpenAI-compatible), reference voices (sglang-omni compatible),
 browser tokens, session control.
 
-Errors use the contract's envelope `{"error": {"message", "type", "param", "code"}}` (§8). With
-SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
+Errors use the envelope `{"error": {"message", "type", "param", "code"}}` (docs/protocol.md, REST
+endpoints). With SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 
 import numpy as np
 from asgiref.sync import sync_to_async
@@ -22,7 +23,7 @@ from . import auth, oneshot, protocol, registry, signals, voices
 from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .conf import conf
 from .engines import EngineBusy, get_engine
-from .errors import BAD_REQUEST, SERVER_ERROR, SpeechError
+from .errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
 from .models import Voice
 
 logger = logging.getLogger(__name__)
@@ -203,6 +204,11 @@ async def speech(request):
             raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
     except SpeechError as exc:
         return error(exc.code or 400, exc.message, type=exc.error_type, param=exc.param)
+    wait = engine.estimated_wait()
+    if wait > conf.MAX_QUEUE_WAIT_S:  # overloaded: refused before any work is accepted, as sessions are
+        response = error(503, QUEUE_FULL_MESSAGE, type=SERVER_ERROR)
+        response["Retry-After"] = str(math.ceil(wait))
+        return response
     audio = oneshot.synthesize(engine, config, text)
     if stream:
         try:  # the first audio before the headers: a failure is still a proper error response

@@ -15,7 +15,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from . import auth, registry, voices
 from .conf import conf
 from .engines import get_engine
-from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError
+from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError, at_capacity
+from .flowcontrol import SCOPE_KEY
 from .protocol import Limits
 from .session import SpeechSession
 from .signals import get_bus
@@ -63,6 +64,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.session = SpeechSession(self, self.engine or get_engine(), Limits.from_settings(),
                                      find_voice=database_sync_to_async(voices.find_voice),
                                      on_configured=self._register)
+        if self.session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
+            await self.session.refuse(at_capacity())  # before a slot is taken: nothing to give back
+            return
         if conf.REQUIRE_API_KEY:
             key = self.api_key = await database_sync_to_async(auth.websocket_key)(self.scope)
             if key is None:
@@ -132,7 +136,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             self.registered = False
             pipeline = session.pipeline
             await database_sync_to_async(registry.closed)(
-                session.session_id, status=session.outcome, segments=pipeline.announced,
+                session.session_id, status=session.outcome, segments=pipeline.sentences,
                 bytes_sent=pipeline.bytes_sent, first_audio_s=pipeline.first_audio_s)
 
     # -- the session's transport ---------------------------------------------------------------
@@ -141,6 +145,11 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             await self._send(text_data=self.encode_json(event))
 
     async def send_bytes(self, data):
+        """Audio waits while the client is not reading (speech/flowcontrol.py; absent in tests that
+        run the consumer without daphne)."""
+        flow = self.scope.get(SCOPE_KEY)
+        if flow is not None:
+            await flow.writable()
         if self._open:
             await self._send(bytes_data=data)
 

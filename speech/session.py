@@ -17,7 +17,6 @@ import time
 import uuid
 from typing import Protocol
 
-from .conf import conf
 from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -58,13 +57,12 @@ def new_session_id():
 
 
 class SpeechSession:
-    def __init__(self, transport, engine, limits, *, session_id=None, lead_s=None, find_voice=None,
+    def __init__(self, transport, engine, limits, *, session_id=None, find_voice=None,
                  on_configured=None):
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.session_id = session_id or new_session_id()
-        self.lead_s = conf.MAX_LEAD_S if lead_s is None else lead_s
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
         self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
         self.outcome = None  # how it ended: completed, cancelled (client left), terminated, failed
@@ -179,7 +177,6 @@ class SpeechSession:
             transport=self.transport,
             session_id=self.session_id,
             max_segment_chars=self.limits.max_segment_chars,
-            lead_s=self.lead_s,
             on_idle=self._on_pipeline_idle,
             on_crash=self._on_pipeline_crash,
         )

@@ -256,7 +256,7 @@ class SessionResult:
 
 
 def segments_of(items):
-    """Group items by segment, checking the ordering rules of contract §4 on the way.
+    """Group items by segment, checking the ordering rules of docs/protocol.md on the way.
 
     Returns (segments in order of audio.start/error, problems): problems lists every binary frame
     outside an audio.start..audio.done pair and every event of a segment out of place."""

@@ -6,7 +6,7 @@ channels are global to a Redis server whatever the DB number, and every instance
 pattern subscription to all of `speech:signal:*`, so on the machine's shared Redis other people's
 servers and tests would see (and could disturb) these signals.
 
-Sessions run on A; the REST control endpoints (contract §8) are called on B; the registry is read
+Sessions run on A; the REST control endpoints (docs/protocol.md, REST endpoints) are called on B; the registry is read
 straight from the shared database file (table speech_sessionrecord), and once through B's admin
 with a superuser. After every test, and once more after the servers stopped, their stderr must
 hold no "Traceback".

@@ -57,7 +57,7 @@ def no_traceback_after_each_test(server):
 
 
 async def synthesize(server, config, texts, *, stream=False):
-    """One session; returns (session.configured, segments) after checking the §4 ordering."""
+    """One session; returns (session.configured, segments) after checking the protocol's ordering."""
     config = {"seed": SEED, "stream_audio": stream, **config}
     result = await run_session(server.ws_url, config, texts)
     segments, problems = segments_of(result.items)

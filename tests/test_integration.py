@@ -1,7 +1,7 @@
 """End to end over real sockets: one real daphne process (`manage.py serve`) with the real Hibari engine.
 
 Every test talks to the server through the `websockets` client (or urllib for HTTP) and checks the
-wire contract (../shared/spec/protocol.md). After every test, and once more after the server has
+wire protocol (docs/protocol.md). After every test, and once more after the server has
 stopped, its stderr must hold no "Traceback". Timeouts are hang guards only.
 """
 
@@ -168,7 +168,7 @@ async def test_non_streaming_wav_sends_one_parsable_file_per_segment(server):
 
 
 async def test_leading_silence_is_trimmed(server):
-    """Contract §7: under 100 ms before the first audible sound of every segment."""
+    """docs/protocol.md: under 100 ms before the first audible sound of every segment."""
     texts = ["Speech should start right away. ", "So should this second sentence."]
     result = await run_session(server.ws_url, {"stream_audio": True}, texts)
     segments, problems = segments_of(result.items)

@@ -496,7 +496,7 @@ async def test_outcome_completed_after_input_done(speech):
     assert items[-1] == ("close", 1000)
     assert s.session.outcome == OUTCOME_COMPLETED
     pipeline = s.session.pipeline
-    assert pipeline.announced == 1 and pipeline.bytes_sent == 2 * CHUNK_BYTES
+    assert pipeline.sentences == 1 and pipeline.bytes_sent == 2 * CHUNK_BYTES
     assert pipeline.first_audio_s is not None and pipeline.first_audio_s >= 0
     await s.finish()
     assert s.session.outcome == OUTCOME_COMPLETED  # aclose after the end does not rewrite it
@@ -508,7 +508,7 @@ async def test_outcome_cancelled_when_the_client_leaves_mid_session(speech):
     assert s.session.outcome == OUTCOME_CANCELLED
     assert engine.aborted == 2
     assert s.t.close_code is None and s.t.pending() == []
-    assert s.session.pipeline.bytes_sent == sent and s.session.pipeline.announced == 1
+    assert s.session.pipeline.bytes_sent == sent and s.session.pipeline.sentences == 1
 
 
 async def test_outcome_failed_after_a_fatal_error(speech):

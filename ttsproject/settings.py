@@ -1,7 +1,7 @@
-"""Django settings, read from the environment (see ../shared/spec/settings.md and README).
+"""Django settings, read from the environment (every variable is in the README's Settings table).
 
 Every value has a default that serves one machine out of the box: the embedded engine, SQLite,
-and the in-process channel layer. Production changes them with environment variables only.
+and no Redis (REDIS_URL unset: one instance). Production changes them with environment variables only.
 """
 
 import os
@@ -101,14 +101,13 @@ LOGGING = {
 # --- speech (defaults and meaning in speech/conf.py and the README) -----------------------------
 SPEECH_ENGINE = env.str("SPEECH_ENGINE", default="hibari")
 SPEECH_ENGINE_WORKERS = env.int("SPEECH_ENGINE_WORKERS", default=os.cpu_count() or 1)
-SPEECH_ENGINE_QUEUE_SIZE = env.int("SPEECH_ENGINE_QUEUE_SIZE", default=32)
+SPEECH_MAX_QUEUE_WAIT_S = env.float("SPEECH_MAX_QUEUE_WAIT_S", default=2.0)
 SPEECH_CONFIG_TIMEOUT_S = env.float("SPEECH_CONFIG_TIMEOUT_S", default=10.0)
 SPEECH_IDLE_TIMEOUT_S = env.float("SPEECH_IDLE_TIMEOUT_S", default=30.0)
 SPEECH_MAX_CONFIG_BYTES = env.int("SPEECH_MAX_CONFIG_BYTES", default=16 * 1024 * 1024)
 SPEECH_MAX_MESSAGE_BYTES = env.int("SPEECH_MAX_MESSAGE_BYTES", default=131072)
 SPEECH_MAX_PENDING_CHARS = env.int("SPEECH_MAX_PENDING_CHARS", default=262144)
 SPEECH_MAX_SEGMENT_CHARS = env.int("SPEECH_MAX_SEGMENT_CHARS", default=4096)
-SPEECH_MAX_LEAD_S = env.float("SPEECH_MAX_LEAD_S", default=20.0)
 SPEECH_ALLOWED_ORIGINS = env.list("SPEECH_ALLOWED_ORIGINS", default=[])
 SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
 SPEECH_REQUIRE_API_KEY = env.bool("SPEECH_REQUIRE_API_KEY", default=False)
