@@ -96,16 +96,18 @@ def test_stdin_is_spoken_line_by_line_as_it_arrives(server, whisper):
 
 
 def test_ctrl_c_keeps_the_audio_so_far_and_exits_130(server, tmp_path):
+    # Text still coming on stdin keeps the utterance open: Ctrl-C lands in the middle of it.
     out = tmp_path / "partial.wav"
-    run = Running(["-o", str(out), LONG], server.ws_url)
+    run = Running(["-o", str(out)], server.ws_url)
+    run.proc.stdin.write(LONG[:200].encode() + b"\n")
+    run.proc.stdin.flush()
     wait_for(lambda: run.saw("[0] "), "the first sentence has been received", timeout=60)
     run.proc.send_signal(signal.SIGINT)
     assert run.wait() == 130, run.lines
-    assert any("cancelled" in line for line in run.lines), run.lines
+    assert any(line.startswith("cancelled: ") for line in run.lines), run.lines  # input.cancelled came back
+    assert not any(line.startswith("error") for line in run.lines), run.lines
     samples, rate = soundfile.read(out, dtype="float32")  # a valid WAV: the header was completed
-    seconds = samples.size / rate
-    assert seconds > 1.0  # at least the first sentence
-    assert seconds < 0.3 * len(LONG.split())  # well short of the whole text
+    assert rate == 24000 and samples.size / rate > 1.0  # at least the first sentence
     assert float(np.sqrt(np.mean(samples ** 2))) > 0.02
 
 

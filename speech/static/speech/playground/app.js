@@ -209,6 +209,7 @@ window.playground = {
     const u = utterance;
     return u && { closed: u.closed, bytesReceived: u.bytesReceived, bytesAnnounced: u.bytesAnnounced,
                   wordsSent: u.wordsSent, wordsTotal: u.wordsTotal, wordsAtFirstAudio: u.wordsAtFirstAudio,
+                  cancelledSentences: u.cancelledSentences,
                   segments: [...u.segments.values()].map((s) => ({ ...s })) };
   },
   heardWav: () => player.heardWav(),

@@ -30,6 +30,7 @@ export class Utterance {
     this.closed = false;
     this.wordsSent = 0;
     this.wordsAtFirstAudio = null;
+    this.cancelledSentences = null;
     this.bytesReceived = 0;
     this.bytesAnnounced = 0;
     this.format = config.response_format;
@@ -98,6 +99,7 @@ export class Utterance {
       }
       case "input.cancelled":
         // Stop's cancel is through: end the session cleanly (the next Speak opens a new one).
+        this.cancelledSentences = event.cancelled_sentences;
         this.stopping = false;
         this.dropping = false;
         this.send({ type: "input.done" });
