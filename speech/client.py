@@ -151,6 +151,7 @@ class Session:
         self.interrupted = False
         self.audio_bytes = 0
         self.rate = None
+        self.keepalive_s = 10.0
 
     def say(self, text):
         if not self.args.quiet:
@@ -182,7 +183,14 @@ class Session:
         else:
             queue = asyncio.Queue()
             stdin_lines(asyncio.get_running_loop(), queue)
-            while (line := await queue.get()) is not None:
+            while True:
+                try:  # a model that thinks for a while must not run into the server's idle timeout
+                    line = await asyncio.wait_for(queue.get(), self.keepalive_s)
+                except TimeoutError:
+                    await self.ws.send(json.dumps({"type": "session.keepalive"}))
+                    continue
+                if line is None:
+                    break
                 await self.send_text(line)
         self.done_at = time.perf_counter()
         await self.ws.send(json.dumps({"type": "input.done"}))
@@ -200,6 +208,7 @@ class Session:
         kind = event.get("type")
         if kind == "session.configured":
             self.rate = event["sample_rate"]
+            self.keepalive_s = event.get("limits", {}).get("idle_timeout_s", 30) / 3
             self.out.start(self.rate)
             self.say(f"session {event['session_id']}: engine {event['engine']}, voice {event['voice']}, "
                      f"{event['response_format']} at {self.rate} Hz")
@@ -324,6 +333,9 @@ def main(argv=None):
     session = Session(args, fmt, streamed, out)
     try:
         code = asyncio.run(session.run())
+    except KeyboardInterrupt:  # Ctrl-C before the session was open: nothing to cancel yet
+        print("interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
     except BrokenPipeError:  # the player reading stdout has gone: nothing more to do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit's flush
         code = EXIT_OK

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 import wave
 
 import numpy as np
@@ -147,3 +148,17 @@ def test_bad_key_and_good_key(tmp_path):
         assert good.returncode == 0 and good.stderr == b""
         data, rate = soundfile.read(io.BytesIO((tmp_path / "ok.wav").read_bytes()))
         assert rate == 24000 and data.size > 0
+
+
+def test_silent_stdin_is_kept_alive_past_the_idle_timeout():
+    with serving({"SPEECH_ENGINE": "fake", "SPEECH_IDLE_TIMEOUT_S": "1"}) as srv:
+        run = Running([], srv.ws_url)
+        wait_for(lambda: run.saw("session "), "the session is open")
+        # Deliberately idle for three idle timeouts (nothing to poll for: the point is that
+        # nothing happens); the client's keep-alives hold the session open.
+        time.sleep(3.0)
+        assert run.proc.poll() is None, run.lines
+        run.proc.stdin.write(b"Still here.\n")
+        run.proc.stdin.close()
+        assert run.wait() == 0, run.lines
+        assert run.saw("[0] 'Still here.'") and len(run.stdout) > 0

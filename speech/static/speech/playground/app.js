@@ -39,8 +39,9 @@ function logLine(kind, text) {
 function describeEvent(source, event) {
   if (source === "close") return `closed ${event.code}${event.reason ? ` ${event.reason}` : ""}`;
   const { type, ...fields } = event;
+  const shown = (v) => (typeof v === "string" && v.length > 80 ? `${v.slice(0, 77)}…` : v);
   const brief = Object.entries(fields).filter(([k]) => k !== "limits" && k !== "session")
-    .map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(" ");
+    .map(([k, v]) => `${k}=${JSON.stringify(shown(v))}`).join(" ");
   return `${source === "client" ? "→" : "←"} ${type} ${brief}`;
 }
 

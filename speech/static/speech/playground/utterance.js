@@ -47,7 +47,8 @@ export class Utterance {
 
   send(message) {
     if (this.ws.readyState !== WebSocket.OPEN) return;
-    if (message.type !== "input.text") this.view.event("client", message);
+    // Word by word, one line per word would bury the server's events: only whole texts are listed.
+    if (message.type !== "input.text" || !this.pace) this.view.event("client", message);
     this.ws.send(JSON.stringify(message));
   }
 
