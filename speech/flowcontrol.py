@@ -23,6 +23,8 @@ SCOPE_KEY = "speech.flow"
 
 @implementer(IPushProducer)
 class FlowControl:
+    held = 0  # connections of this process whose client is not keeping up right now (a metric)
+
     def __init__(self):
         self._writable = asyncio.Event()
         self._writable.set()
@@ -50,11 +52,14 @@ class FlowControl:
     def pauseProducing(self):
         if self._writable.is_set():
             self.pauses += 1
+            FlowControl.held += 1
             self._writable.clear()
 
     def resumeProducing(self):
-        self._writable.set()
+        if not self._writable.is_set():
+            FlowControl.held -= 1
+            self._writable.set()
 
     def stopProducing(self):
         """The connection is gone: never hold a sender; the disconnect ends the session."""
-        self._writable.set()
+        self.resumeProducing()

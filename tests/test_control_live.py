@@ -42,6 +42,8 @@ from tests.live import (
     collect,
     configure,
     is_event,
+    audio_past,
+    held,
     open_session,
     run_session,
     segments_of,
@@ -50,7 +52,6 @@ from tests.live import (
 )
 
 RATE = 24000
-LEAD_S = 2.0  # SPEECH_MAX_LEAD_S for these servers: delivery is paced after 2 s of audio ahead
 POLL_S = 30.0  # hang guard of the polling loops
 TERMINATED = "speech session terminated by the server"
 SHUTDOWN = "speech session terminated: the server is shutting down"
@@ -65,8 +66,7 @@ class Cluster:
         self.db = self.dir / "db.sqlite3"
         self.tag = uuid.uuid4().hex[:8]
         self.env = {
-            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_MAX_LEAD_S": str(LEAD_S),
-            "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{self.db}",
+            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{self.db}",
             "MEDIA_ROOT": str(self.dir / "media"),
         }
         self.servers = []
@@ -179,27 +179,21 @@ def accepted(session_id, kind):
     return {"session_id": session_id, "signal": kind, "status": "accepted"}
 
 
-def past_the_lead(seconds=LEAD_S + 1.0):
-    """until() predicate: true once more audio than the lead has arrived, i.e. delivery is paced
-    frame by frame and a signal finds a segment half sent."""
-    received = 0
-
-    def check(item):
-        nonlocal received
-        if item.kind == "audio":
-            received += len(item.data)
-        return received > seconds * RATE * 2
-
-    return check
+async def speak_and_stop_reading(ws, server):
+    """Some audio of the speech under way, then the client stops reading until the server holds the
+    session mid-segment (backpressure), so that a signal finds a segment half sent."""
+    before = await collect(ws, until=audio_past(1.0))
+    assert before.close_code is None, f"closed while speaking: {before.types()}"
+    await asyncio.to_thread(held, server)
+    return before
 
 
 async def speaking_session(server):
-    """A session on `server` speaking LONG_TEXT, its delivery already paced. Returns (ws, sid, items)."""
-    ws = await open_session(server.ws_url)
+    """A session on `server` speaking LONG_TEXT, held mid-segment. Returns (ws, sid, items)."""
+    ws = await open_session(server.ws_url, small_buffers=True)
     configured = await configure(ws, CONFIG)
     await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-    before = await collect(ws, until=past_the_lead())
-    assert before.close_code is None, f"closed while speaking: {before.types()}"
+    before = await speak_and_stop_reading(ws, server)
     return ws, configured["session_id"], before.items
 
 
@@ -269,7 +263,7 @@ async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
 
         # Terminate on B while A speaks again: error event, close 4001, no audio after it.
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-        speaking = await collect(ws, until=past_the_lead())
+        speaking = await speak_and_stop_reading(ws, a)
         items += speaking.items
         assert await rest(b, "DELETE", session_path(sid)) == (202, accepted(sid, "terminate"))
         end = await collect(ws)

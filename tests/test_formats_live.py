@@ -44,9 +44,7 @@ AAC_PRIMING = 1024
 
 @pytest.fixture(scope="module")
 def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
-                  # no real-time pacing in these tests: a 13 s segment at speed 0.25 comes at once
-                  "SPEECH_MAX_LEAD_S": "600"}) as srv:
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
         yield srv
 
 

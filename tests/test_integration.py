@@ -38,7 +38,7 @@ from tests.speech_check import pcm16_to_float, rms
 RATE = 24000
 LEAD_S = 20.0  # SPEECH_MAX_LEAD_S, pinned for this module's server
 # The real engine and the contract's defaults, whatever the caller's environment says.
-SERVER_ENV = {"SPEECH_ENGINE": "hibari", "SPEECH_MAX_LEAD_S": str(LEAD_S), "SPEECH_REQUIRE_API_KEY": "false",
+SERVER_ENV = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
               "SPEECH_CONFIG_TIMEOUT_S": "10", "SPEECH_IDLE_TIMEOUT_S": "30"}
 MIB = 1024 * 1024
 CONFIG_LIMIT = 16 * MIB

@@ -28,9 +28,11 @@ import redis
 
 from tests.live import (
     DaphneServer,
+    audio_past,
     collect,
     configure,
     free_port,
+    held,
     is_event,
     open_session,
     run_session,
@@ -114,7 +116,6 @@ class RedisServer:
 # -- the module's servers -------------------------------------------------------------------------------
 
 RATE = 24000
-LEAD_S = 2.0
 SENTENCES = [f"Sentence {i} of a long answer that the caller will interrupt at some point." for i in range(40)]
 LONG_TEXT = " ".join(SENTENCES) + " "
 CONFIG = {"response_format": "pcm", "stream_audio": True}
@@ -125,8 +126,7 @@ class Setup:
         self.redis = redis_server
         self.dir = Path(tempfile.mkdtemp(prefix="redis-faults-"))
         self.db = self.dir / "db.sqlite3"
-        self.env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_MAX_LEAD_S": str(LEAD_S),
-                    "REDIS_URL": redis_server.url(3), "DATABASE_URL": f"sqlite:///{self.db}",
+        self.env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "REDIS_URL": redis_server.url(3), "DATABASE_URL": f"sqlite:///{self.db}",
                     "MEDIA_ROOT": str(self.dir / "media")}
         self.servers = []
 
@@ -197,24 +197,19 @@ def session_path(sid):
     return f"/v1/audio/speech/sessions/{sid}"
 
 
-def past_the_lead():
-    received = 0
-
-    def check(item):
-        nonlocal received
-        if item.kind == "audio":
-            received += len(item.data)
-        return received > (LEAD_S + 1.0) * RATE * 2
-
-    return check
+async def speak_and_stop_reading(ws, server):
+    """Some audio, then the client stops reading until `server` holds the session mid-segment."""
+    before = await collect(ws, until=audio_past(1.0))
+    assert before.close_code is None, before.types()
+    await asyncio.to_thread(held, server)
+    return before
 
 
 async def speaking_session(server):
-    ws = await open_session(server.ws_url)
+    ws = await open_session(server.ws_url, small_buffers=True)
     sid = (await configure(ws, CONFIG))["session_id"]
     await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-    before = await collect(ws, until=past_the_lead())
-    assert before.close_code is None, before.types()
+    before = await speak_and_stop_reading(ws, server)
     return ws, sid, before.items
 
 
@@ -340,7 +335,7 @@ async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
 
         # Terminate flows too.
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-        more = await collect(ws, until=past_the_lead())
+        more = await speak_and_stop_reading(ws, setup.a)
         assert await rest(setup.b, "DELETE", session_path(sid)) == (
             202, {"session_id": sid, "signal": "terminate", "status": "accepted"})
         end = await collect(ws)
@@ -368,7 +363,7 @@ async def test_4_an_instance_started_while_redis_is_down_serves_and_joins_later(
         wait_for(lambda: setup.redis.group_members(sid, db=3) == 1, "C joined the session's group")
         wait_for(lambda: heartbeat(setup, "C"), "C's heartbeat written")
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-        await collect(ws, until=past_the_lead())
+        await speak_and_stop_reading(ws, c)
 
         def terminate_accepted():
             status, body = http(setup.b, "DELETE", session_path(sid))
@@ -500,7 +495,7 @@ async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
             after = await collect(ws, until=is_event("input.cancelled"))
             check_cancelled(items + after.items, sid, "server")
             await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-            more = await collect(ws, until=past_the_lead())
+            more = await speak_and_stop_reading(ws, e)
 
             proxy.failover(second.port)  # E's connections go silent; new ones reach an empty Redis
             first.kill()
