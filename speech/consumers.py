@@ -12,7 +12,7 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import auth, control, registry, voices
+from . import auth, control, metrics, registry, voices
 from .conf import conf
 from .engines import get_engine
 from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError, at_capacity
@@ -64,6 +64,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.session = SpeechSession(self, self.engine or get_engine(), Limits.from_settings(),
                                      find_voice=database_sync_to_async(voices.find_voice),
                                      on_configured=self._register)
+        metrics.session_started(self.session)
         if self.session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
             await self.session.refuse(at_capacity())  # before a slot is taken: nothing to give back
             return
@@ -145,6 +146,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         await session.aclose()
+        metrics.session_ended(session)
         if self.lease is not None:
             await self.lease.release()
             self.lease = None

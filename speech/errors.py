@@ -1,5 +1,7 @@
 """Errors of the speech protocol: the exact `error` events and close codes (docs/protocol.md, Errors, Close codes)."""
 
+from . import metrics
+
 # Close codes (docs/protocol.md, Close codes): 4000 + the RFC 6455 code they stand for.
 CLOSE_NORMAL = 1000
 CLOSE_TERMINATED = 4001
@@ -37,6 +39,7 @@ class SpeechError(Exception):
         if self.code is not None:
             body["code"] = self.code
         body.update(extra)
+        metrics.ERRORS.labels(self.error_type, "" if self.code is None else str(self.code)).inc()  # built to be sent
         return body
 
 

@@ -23,6 +23,7 @@ from collections import deque
 
 import numpy as np
 
+from . import metrics
 from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .engines import SynthesisRequest
 from .engines.pool import CURRENT, Ticket
@@ -63,7 +64,7 @@ async def render_segment(engine, config, text, ticket=CURRENT):
     engine_speed, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
     chain = Chain(engine.capabilities.sample_rate, config.sample_rate, stretch)
     request = SynthesisRequest(text, config.voice, engine_speed, config.options, config.reference, ticket)
-    async with contextlib.aclosing(engine.stream(request)) as chunks:
+    async with contextlib.aclosing(metrics.timed(engine.stream(request), engine.capabilities.sample_rate)) as chunks:
         async for chunk in chunks:
             yield chunk if chain.identity else await asyncio.to_thread(chain.process, chunk)
     if not chain.identity:
@@ -178,12 +179,14 @@ class Pipeline:
             "sentence_text": job.text, "format": self.config.response_format, "sample_rate": self.rate,
         })
 
-    async def _send_audio(self, job, data):
+    async def _send_audio(self, job, data, seconds):
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
+        metrics.audio_sent(len(data), seconds)
         if self.first_audio_s is None:
             self.first_audio_s = time.monotonic() - job.queued_at
+            metrics.TTFA.observe(self.first_audio_s)
         # Let the loop run: the server writes this frame to the socket now instead of after the
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
         await asyncio.sleep(0)
@@ -215,7 +218,7 @@ class Pipeline:
                 failure = server_error(str(exc))
             else:
                 await self._start(job)
-                await self._send_audio(job, data)
+                await self._send_audio(job, data, samples.size / self.rate)
         if failure is not None or not job.announced:
             failure = failure or server_error("the engine produced no audio for this segment")
             partial = job.announced
@@ -234,10 +237,11 @@ class Pipeline:
         at = 0
         if job.bytes_sent == 0:
             at = max(1, int(self.rate * FIRST_FRAME_S)) * width
-            await self._send_audio(job, data[:at])
+            await self._send_audio(job, data[:at], at / width / self.rate)
         step = max(1, int(self.rate * FRAME_S)) * width
         for at in range(at, len(data), step):
-            await self._send_audio(job, data[at: at + step])
+            frame = data[at: at + step]
+            await self._send_audio(job, frame, len(frame) / width / self.rate)
 
     async def _done(self, job, *, error, cancelled):
         job.done_sent = True

@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Protocol
 
+from . import metrics
 from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -243,6 +244,7 @@ class SpeechSession:
         self._on_pipeline_idle()
 
     async def _send_cancelled(self, cancelled, origin):
+        metrics.CANCELS.labels(origin).inc()
         await self.transport.send_json({
             "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
             "total_sentences": self.pipeline.total_sentences, "origin": origin,

@@ -90,16 +90,33 @@ STATIC_URL = "static/"
 # daphne serves no static files: WhiteNoise serves the admin's straight from the apps, so there
 # is no collectstatic step.
 WHITENOISE_USE_FINDERS = True
+# Uploaded reference voices go through Django's storage API (speech/voices.py), to MEDIA_ROOT by
+# default: with several instances it must be a directory they all share (one volume in
+# docker/compose.yaml), since a voice uploaded through one instance is read by another's sessions.
 MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "media")
 MEDIA_URL = "media/"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Every record carries the session it was logged in (speech/logcontext.py): `session` in the plain
+# format ("-" outside a session), `session_id` in JSON (DJANGO_LOG_FORMAT=json: one object a line).
+LOG_FORMAT = env.str("DJANGO_LOG_FORMAT", default="plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"session": {"()": "speech.logcontext.SessionFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(session)s]: %(message)s"},
+        "json": {"()": "speech.logcontext.JsonFormatter",
+                 "fmt": "%(asctime)s %(levelname)s %(name)s %(session_id)s %(message)s",
+                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"}},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["session"],
+                             "formatter": "json" if LOG_FORMAT == "json" else "plain"}},
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="INFO")},
     # httpx logs every upstream request at INFO: one line per synthesised segment is noise
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
@@ -130,6 +147,9 @@ SPEECH_UPSTREAM_CONNECT_TIMEOUT_S = env.float("SPEECH_UPSTREAM_CONNECT_TIMEOUT_S
 SPEECH_UPSTREAM_READ_TIMEOUT_S = env.float("SPEECH_UPSTREAM_READ_TIMEOUT_S", default=30.0)
 SPEECH_UPSTREAM_RETRIES = env.int("SPEECH_UPSTREAM_RETRIES", default=2)
 SPEECH_UPSTREAM_MAX_CONNECTIONS = env.int("SPEECH_UPSTREAM_MAX_CONNECTIONS", default=100)
+# /metrics: unset, only clients on this machine (loopback) may read it; set, it wants
+# `Authorization: Bearer <token>` from everyone.
+SPEECH_METRICS_TOKEN = env.str("SPEECH_METRICS_TOKEN", default="")
 
 # Voice uploads are at most 10 MiB (speech/voices.py); larger request bodies are refused with
 # 413 before they are read, and file parts go to a temporary file rather than memory.

@@ -77,5 +77,9 @@ class Engine(abc.ABC):
     async def warm_up(self) -> None:
         """Load lazily-loaded parts so the first client does not pay for them."""
 
+    async def ready(self) -> None:
+        """Readiness (`GET /health`): raise EngineError saying why this engine cannot serve now.
+        An embedded engine that was built is ready."""
+
     async def aclose(self) -> None:
         """Release threads and connections."""
