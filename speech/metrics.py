@@ -19,6 +19,7 @@ import weakref
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 from . import logcontext
+from .flowcontrol import FlowControl
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ SEGMENT_RTF = Histogram("speech_segment_real_time_factor",
                         "Engine time over audio duration for one segment (below 1: faster than real time)",
                         buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0))
 ENGINE_QUEUE = Gauge("speech_engine_queue_depth",
-                     "Synthesis jobs in the engine's bounded thread pool, running or waiting for a thread")
+                     "Synthesis jobs in the engine's pool (speech/engines/pool.py), running or waiting for a thread")
 CANCELS = Counter("speech_cancels", "Barge-ins (input.cancelled), by origin: client or server", ["origin"])
 ERRORS = Counter("speech_errors", "error events sent to WebSocket clients, by error_type and code",
                  ["type", "code"])
@@ -52,10 +53,14 @@ def _pool_jobs():
     from . import engines
 
     pool = getattr(engines._engine, "_pool", None)
-    return getattr(pool, "taken", 0)
+    return getattr(pool, "depth", 0) + getattr(pool, "running", 0)
 
 
 ENGINE_QUEUE.set_function(_pool_jobs)
+HELD = Gauge("speech_sessions_held",
+             "WebSocket connections whose client is not reading fast enough right now: their audio waits "
+             "(backpressure, speech/flowcontrol.py)")
+HELD.set_function(lambda: FlowControl.held)
 
 
 # -- sessions (speech/consumers.py) ------------------------------------------------------------
@@ -76,7 +81,7 @@ def session_ended(session):
     SESSIONS_ENDED.labels(outcome).inc()
     pipeline = session.pipeline
     logger.info("session ended: %s, %d segments, %d audio bytes, first audio %s", outcome,
-                pipeline.announced if pipeline else 0, pipeline.bytes_sent if pipeline else 0,
+                pipeline.sentences if pipeline else 0, pipeline.bytes_sent if pipeline else 0,
                 f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none")
 
 

@@ -1,26 +1,52 @@
-"""daphne, as `manage.py serve` runs it: the stock server with a shutdown that works.
+"""daphne, as `manage.py serve` runs it: the stock server with backpressure and a shutdown that works.
+
+Backpressure: each WebSocket's transport reports a full outgoing buffer to a FlowControl that the
+application finds in its scope (speech/flowcontrol.py).
 
 On SIGTERM daphne cancels every application before the reactor stops, so that sessions can end
 cleanly. Its own `kill_all_applications` indexes `details["application_instance"]`, which is
 missing for a connection whose application has finished or not started yet (an HTTP keep-alive,
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
 sessions still running. This version skips such connections, waits for every session to end
-(each sends its error event and closes 4001, see consumers.py), then stops the signal listener.
+(each sends its error event and closes 4001, see consumers.py), then stops the channel layer's heartbeat.
 """
 
 import asyncio
 import logging
+import socket
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import defer
 
-from .signals import get_bus
+from . import control
+from .flowcontrol import SCOPE_KEY, FlowControl
 
 logger = logging.getLogger(__name__)
 
+# What a WebSocket may have in flight beyond what the client has read. The kernel's send buffer
+# autotunes up to megabytes (tcp_wmem), which for a client reading at real time is more than a
+# minute of audio queued in front of every ping and close frame: daphne's ping timeout and
+# autobahn's close handshake would then drop the connection with a reset, and a reset discards the
+# audio the client has not read yet. 64 KiB (+ Twisted's 64 KiB) is about 2.7 s of 24 kHz audio and
+# still 1 GB/s at loopback and 25x real time for 48 kHz at 50 ms round trips.
+SEND_BUFFER_BYTES = 64 * 1024
+# autobahn waits 1 s by default for the client's reply to a close frame, then resets the
+# connection; the reply comes after the client has read what is in flight (above).
+CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
+
 
 class SpeechServer(Server):
+    def create_application(self, protocol, scope):
+        """Every WebSocket gets its backpressure signal (speech/flowcontrol.py) in its scope."""
+        if scope["type"] == "websocket":
+            scope[SCOPE_KEY] = FlowControl.attach(protocol)
+            protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
+            sock = _socket_of(protocol.transport)
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        return super().create_application(protocol, scope)
+
     def kill_all_applications(self):
         instances = [
             details["application_instance"]
@@ -38,7 +64,16 @@ class SpeechServer(Server):
     @staticmethod
     async def _stop(applications):
         await asyncio.gather(*applications, return_exceptions=True)
-        await get_bus().stop()  # no task may be left pending when the interpreter exits
+        await control.stop()  # no task may be left pending when the interpreter exits
+
+
+def _socket_of(transport):
+    """The TCP socket under a transport (TLS wraps the TCP transport in another)."""
+    while transport is not None:
+        if isinstance(getattr(transport, "socket", None), socket.socket):
+            return transport.socket
+        transport = getattr(transport, "transport", None)
+    return None
 
 
 class SpeechCommandLine(CommandLineInterface):

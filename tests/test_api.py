@@ -1,4 +1,4 @@
-"""REST companions (contract §8) through Django's test client: voices list/upload/delete, tokens,
+"""REST endpoints (docs/protocol.md, REST endpoints) through Django's test client: voices list/upload/delete, tokens,
 the error envelope, the 413 before reading, API keys, and keys/tokens never reaching the logs."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Length tolerances (decoded minus input samples) and why:
 * mp3: |delta| <= 1152 (one Layer III frame). An MP3 decoder adds the encoder delay (528 + 1) and
   the end padding unless it reads LAME's gapless header; the pinned libsndfile does and gives 0,
   but the contract promises only "MPEG layer III", not gapless playback.
-* opus: 0. Ogg Opus carries the pre-skip and the exact end (granule position, RFC 7845 §4), so a
+* opus: 0. Ogg Opus carries the pre-skip and the exact end (granule position, RFC 7845, section 4), so a
   conforming decoder returns exactly the input (see the short-segment bug test below).
 * aac: 1024 <= delta <= 2048. ADTS has no field for the encoder's priming (1024 samples for
   FFmpeg's AAC) nor for the end padding (up to one 1024-sample frame), so a decoder returns both;

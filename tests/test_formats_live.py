@@ -44,9 +44,7 @@ AAC_PRIMING = 1024
 
 @pytest.fixture(scope="module")
 def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
-                  # no real-time pacing in these tests: a 13 s segment at speed 0.25 comes at once
-                  "SPEECH_MAX_LEAD_S": "600"}) as srv:
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
         yield srv
 
 
@@ -57,7 +55,7 @@ def no_traceback_after_each_test(server):
 
 
 async def synthesize(server, config, texts, *, stream=False):
-    """One session; returns (session.configured, segments) after checking the §4 ordering."""
+    """One session; returns (session.configured, segments) after checking the protocol's ordering."""
     config = {"seed": SEED, "stream_audio": stream, **config}
     result = await run_session(server.ws_url, config, texts)
     segments, problems = segments_of(result.items)

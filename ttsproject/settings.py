@@ -1,7 +1,7 @@
-"""Django settings, read from the environment (see ../shared/spec/settings.md and README).
+"""Django settings, read from the environment (every variable is in the README's Settings table).
 
 Every value has a default that serves one machine out of the box: the embedded engine, SQLite,
-and the in-process channel layer. Production changes them with environment variables only.
+and no Redis (REDIS_URL unset: one instance). Production changes them with environment variables only.
 """
 
 import os
@@ -61,11 +61,18 @@ ASGI_APPLICATION = "ttsproject.asgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 
-# Without REDIS_URL one instance serves everything: control signals and per-key session counts
-# stay in the process. With it, Redis carries them across instances (speech/signals.py, speech/slots.py).
-# Consumers use no Channels layer: every consumer would otherwise subscribe a Redis channel at
-# connect and fail when Redis is away, and sessions must keep working then.
+# Without REDIS_URL one instance serves everything: Channels' in-memory layer carries control signals
+# and per-key session counts stay in the process. With it, channels-redis's core layer (made to outlive
+# Redis outages by speech/layer.py) carries them across instances, and slots live in Redis (speech/slots.py).
 REDIS_URL = env.str("REDIS_URL", default="")
+# Prefix of every Redis key and channel this deployment uses (the channel layer's, per-key slots,
+# instance heartbeats): two deployments sharing one Redis never see each other's signals or slots.
+SPEECH_REDIS_PREFIX = env.str("SPEECH_REDIS_PREFIX", default="speech")
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "speech.layer.SpeechChannelLayer",
+                                  "CONFIG": {"hosts": [REDIS_URL], "prefix": SPEECH_REDIS_PREFIX}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -118,14 +125,13 @@ LOGGING = {
 # --- speech (defaults and meaning in speech/conf.py and the README) -----------------------------
 SPEECH_ENGINE = env.str("SPEECH_ENGINE", default="hibari")
 SPEECH_ENGINE_WORKERS = env.int("SPEECH_ENGINE_WORKERS", default=os.cpu_count() or 1)
-SPEECH_ENGINE_QUEUE_SIZE = env.int("SPEECH_ENGINE_QUEUE_SIZE", default=32)
+SPEECH_MAX_QUEUE_WAIT_S = env.float("SPEECH_MAX_QUEUE_WAIT_S", default=2.0)
 SPEECH_CONFIG_TIMEOUT_S = env.float("SPEECH_CONFIG_TIMEOUT_S", default=10.0)
 SPEECH_IDLE_TIMEOUT_S = env.float("SPEECH_IDLE_TIMEOUT_S", default=30.0)
 SPEECH_MAX_CONFIG_BYTES = env.int("SPEECH_MAX_CONFIG_BYTES", default=16 * 1024 * 1024)
 SPEECH_MAX_MESSAGE_BYTES = env.int("SPEECH_MAX_MESSAGE_BYTES", default=131072)
 SPEECH_MAX_PENDING_CHARS = env.int("SPEECH_MAX_PENDING_CHARS", default=262144)
 SPEECH_MAX_SEGMENT_CHARS = env.int("SPEECH_MAX_SEGMENT_CHARS", default=4096)
-SPEECH_MAX_LEAD_S = env.float("SPEECH_MAX_LEAD_S", default=20.0)
 SPEECH_ALLOWED_ORIGINS = env.list("SPEECH_ALLOWED_ORIGINS", default=[])
 SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
 SPEECH_REQUIRE_API_KEY = env.bool("SPEECH_REQUIRE_API_KEY", default=False)

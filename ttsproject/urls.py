@@ -1,9 +1,11 @@
 from django.contrib import admin
 from django.urls import path
 
-from speech import api, views
+from speech import api, playground, views
 
 urlpatterns = [
+    path("", playground.page, name="playground"),
+    path("playground/token", playground.staff_token, name="playground-token"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
     path("health", views.health, name="health"),

@@ -1,6 +1,6 @@
 """Hibari: the embedded engine. Real neural speech on the CPU, weights inside its wheel.
 
-Facts this relies on (../shared/spec/engines.md): 24 kHz float32 output, one array per sentence,
+Facts this relies on (docs/engines.md, Hibari): 24 kHz float32 output, one array per sentence,
 a lazily loaded G2P (warmed up here), ~0.3 s of leading and ~0.5 s of
 trailing near-silence per sentence (trimmed) and quiet output (normalised). onnxruntime releases
 the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import audio
 from .base import Capabilities, Engine, SynthesisRequest
-from .pool import BoundedPool
+from .pool import SynthesisPool
 
 
 def available_voices():
@@ -31,13 +31,13 @@ def available_voices():
 
 
 class HibariEngine(Engine):
-    def __init__(self, *, workers=1, queue_size=32):
+    def __init__(self, *, workers=1):
         from hibari import SAMPLE_RATE, Hibari
         from hibari.voices import DEFAULT
 
         voices = available_voices()
         self._models = {name: Hibari(voice=name, threads=1) for name in voices}
-        self._pool = BoundedPool(workers, queue_size, "hibari")
+        self._pool = SynthesisPool(workers, "hibari")
         self.capabilities = Capabilities(
             name="hibari",
             voices=voices,
@@ -51,7 +51,7 @@ class HibariEngine(Engine):
 
     @classmethod
     def from_settings(cls, conf):
-        return cls(workers=conf.ENGINE_WORKERS, queue_size=conf.ENGINE_QUEUE_SIZE)
+        return cls(workers=conf.ENGINE_WORKERS)
 
     def _render(self, tts, phonemes, speed, rng):
         rate = self.capabilities.sample_rate
@@ -68,13 +68,16 @@ class HibariEngine(Engine):
     async def stream(self, request: SynthesisRequest):
         tts = self._models[request.voice]
         rng = np.random.default_rng(request.options.get("seed"))
-        first, rest = await self._pool.run(self._first, tts, request.text, request.speed, rng)
+        first, rest = await self._pool.run(self._first, tts, request.text, request.speed, rng, ticket=request.ticket)
         if first is not None and first.size:
             yield first
         for phonemes in rest:
-            chunk = await self._pool.run(self._render, tts, phonemes, request.speed, rng)
+            chunk = await self._pool.run(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket)
             if chunk.size:
                 yield chunk
+
+    def estimated_wait(self):
+        return self._pool.estimated_wait()
 
     async def warm_up(self):
         for voice in self.capabilities.voices:
