@@ -32,6 +32,7 @@ from .live import (
     collect,
     configure,
     free_port,
+    held,
     is_event,
     open_session,
     port_accepts,
@@ -45,7 +46,7 @@ from .upstream_standin import StandIn
 pytestmark = pytest.mark.deploy
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
-LONG_TEXT = " ".join(f"Sentence {i} of a long answer, spoken while the test does its part." for i in range(30)) + " "
+LONG_TEXT = " ".join(f"Sentence {i} of a long answer, spoken while the test does its part." for i in range(40)) + " "
 INSTANCES = ("a", "b")
 
 
@@ -66,8 +67,7 @@ class Stack:
 
     def env(self, name):
         return {"DATABASE_URL": self.db.url, "REDIS_URL": self.redis.url(0), "MEDIA_ROOT": str(self.media),
-                "DJANGO_ALLOWED_HOSTS": "*", "SPEECH_INSTANCE_ID": name, "SPEECH_MAX_LEAD_S": "2",
-                **self.extra_env}
+                "DJANGO_ALLOWED_HOSTS": "*", "SPEECH_INSTANCE_ID": name, **self.extra_env}
 
     def start(self):
         self.redis.start()
@@ -137,13 +137,17 @@ def stack():
     check_stopped_cleanly(running, codes, killed=getattr(running, "killed", ()))
 
 
-async def speaking(url):
-    """A session that is speaking a long text (audio is arriving): (ws, session id, items so far)."""
-    ws = await open_session(url)
+async def speaking(stack):
+    """A session through nginx in the middle of a long text: the client has heard its first audio,
+    then stopped reading until the instance holding it waits mid-segment (backpressure), so it is
+    still speaking whatever the test does next. (ws, session id, items so far)."""
+    ws = await open_session(stack.nginx.ws_url, small_buffers=True)
     sid = (await configure(ws, CONFIG))["session_id"]
     await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
     so_far = await collect(ws, until=lambda item: item.kind == "audio")
     assert so_far.close_code is None, so_far.types()
+    home = await asyncio.to_thread(stack.instance_of, sid)
+    await asyncio.to_thread(held, stack.instances[home])
     return ws, sid, so_far
 
 
@@ -171,8 +175,10 @@ def test_1_a_websocket_session_through_nginx(stack):
 
 
 async def test_2_a_rest_cancel_through_nginx_reaches_the_session_wherever_it_lives(stack):
-    sessions = [await speaking(stack.nginx.ws_url) for _ in INSTANCES]
+    sessions = []
     try:
+        for _ in INSTANCES:
+            sessions.append(await speaking(stack))
         homes = [await asyncio.to_thread(stack.instance_of, sid) for _, sid, _ in sessions]
         assert sorted(homes) == sorted(INSTANCES), homes  # round robin: one session on each
         # the cancel goes to the instance that does NOT hold the session it names
@@ -263,7 +269,7 @@ async def test_4_the_sqlite_single_container_mode_runs_the_dockerfile_commands()
 async def test_5_an_instance_killed_mid_session(stack):
     """SIGKILL the instance holding one session: its client is cut off, the session on the other
     instance goes on to its end, and new sessions through nginx succeed (on the survivor)."""
-    sessions = [await speaking(stack.nginx.ws_url) for _ in INSTANCES]
+    sessions = [await speaking(stack) for _ in INSTANCES]
     homes = [await asyncio.to_thread(stack.instance_of, sid) for _, sid, _ in sessions]
     assert sorted(homes) == sorted(INSTANCES), homes
     victim, survivor = homes

@@ -20,11 +20,22 @@ from prometheus_client.parser import text_string_to_metric_families
 from speech import logcontext, metrics
 from speech.engines.fake import FakeEngine
 
-from .live import DaphneServer, collect, configure, free_port, is_event, open_session, send_json, serving, wait_for
+from .live import (
+    DaphneServer,
+    collect,
+    configure,
+    free_port,
+    held,
+    is_event,
+    open_session,
+    send_json,
+    serving,
+    wait_for,
+)
 from .test_redis_faults import RedisServer
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
-LONG_TEXT = " ".join(f"Sentence {i} of an answer that will be interrupted." for i in range(12)) + " "
+LONG_TEXT = " ".join(f"Sentence {i} of an answer that will be interrupted." for i in range(40)) + " "
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -68,8 +79,7 @@ def redis_server():
 
 @pytest.fixture(scope="module")
 def server(redis_server):
-    with serving({"SPEECH_ENGINE": "hibari", "REDIS_URL": redis_server.url(0), "SPEECH_MAX_LEAD_S": "2",
-                  "SPEECH_INSTANCE_ID": "observed"}) as srv:
+    with serving({"SPEECH_ENGINE": "hibari", "REDIS_URL": redis_server.url(0), "SPEECH_INSTANCE_ID": "observed"}) as srv:
         yield srv
 
 
@@ -77,7 +87,7 @@ def server(redis_server):
 
 async def test_metrics_follow_a_real_session(server):
     before = scrape(server)
-    ws = await open_session(server.ws_url)
+    ws = await open_session(server.ws_url, small_buffers=True)
     try:
         sid = (await configure(ws, CONFIG))["session_id"]
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
@@ -92,6 +102,7 @@ async def test_metrics_follow_a_real_session(server):
         received = await collect(ws, received, until=is_event("input.cancelled"))
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
         received = await collect(ws, received, until=lambda item: item.kind == "audio")
+        await asyncio.to_thread(held, server)  # still speaking, whatever the cancel's way takes
         status, _ = await asyncio.to_thread(_post, server, f"/v1/audio/speech/sessions/{sid}/cancel")
         assert status == 202
         received = await collect(ws, received, until=lambda item: item.kind == "event"
