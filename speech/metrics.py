@@ -113,7 +113,9 @@ def audio_sent(nbytes, seconds):
 
 # -- /metrics ----------------------------------------------------------------------------------
 def allowed(request, token):
-    """With a token: `Authorization: Bearer <token>` from anyone. Without: loopback clients only."""
+    """With a token: `Authorization: Bearer <token>` from anyone. Without: loopback clients only.
+    REMOTE_ADDR is the connection's peer: daphne runs without --proxy-headers, so an
+    X-Forwarded-For header cannot pass for a local client (nginx refuses /metrics for its own part)."""
     if token:
         presented = request.META.get("HTTP_AUTHORIZATION", "")
         return hmac.compare_digest(presented.encode(), f"Bearer {token}".encode())
