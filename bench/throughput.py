@@ -12,8 +12,7 @@ Parts (each can be run alone with --only):
   second (server / engine), the paragraph's first and last audio at C = 1 against the engine's
   own first chunk and last chunk, and first audio per session at C = 4 and 8 against the engine's
   first chunk under the same concurrency.
-* handshake: `session.config` -> `session.configured` on open connections, one at a time
-  (p50/p99) and 20 at once (p50).
+(The handshake's latency is bench/handshake.py's.)
 * delivery: the cost of delivery alone: SPEECH_ENGINE=fake (audio as long as speech, made
   instantly), daphne pinned to one core, N sessions at once each reading at real time like a
   player with a 1 s buffer (this process, pinned to the other core). Reported per N: the slowest
@@ -58,8 +57,6 @@ PARAGRAPH = (
     "The sailors who passed that week never knew how close they had come to the rocks."
 )
 CONCURRENCY = (1, 4, 8)
-HANDSHAKES = 200
-BURST = 20
 DELIVERY_SESSIONS = (100, 200, 400)
 DELIVERY_AUDIO_S = 20.0
 PLAYER_BUFFER_S = 1.0
@@ -178,38 +175,6 @@ async def paragraph_part(args, lines):
               "* Targets: server / engine >= 0.95 at every C; first audio per session at C = 4, 8 at most 1.1x."]
 
 
-# -- handshake -------------------------------------------------------------------------------------
-
-async def handshake_once(ws):
-    t0 = time.perf_counter()
-    await ws.send(json.dumps({"type": "session.config", "session": {"stream_audio": True}}))
-    reply = await recv_item(ws)
-    elapsed = (time.perf_counter() - t0) * 1000
-    assert reply.data["type"] == "session.configured", reply
-    await ws.close()
-    return elapsed
-
-
-async def handshake_part(args, lines):
-    with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
-        one = []
-        for k in range(HANDSHAKES + 20):
-            ws = await open_session(server.ws_url)
-            elapsed = await handshake_once(ws)
-            if k >= 20:
-                one.append(elapsed)
-        burst = []
-        for _ in range(args.rounds):
-            sockets = await asyncio.gather(*(open_session(server.ws_url) for _ in range(BURST)))
-            burst += await asyncio.gather(*(handshake_once(ws) for ws in sockets))
-        server.assert_no_traceback()
-    lines += ["", "### session.config -> session.configured", "",
-              f"* one at a time ({HANDSHAKES}): p50 {pct(one, 50):.2f} ms, p99 {pct(one, 99):.2f} ms "
-              "(targets 1.5 / 3 ms)",
-              f"* {BURST} at once ({args.rounds} bursts): p50 {pct(burst, 50):.2f} ms, p99 {pct(burst, 99):.2f} ms "
-              "(target p50 10 ms)"]
-
-
 # -- delivery cost ---------------------------------------------------------------------------------
 
 async def player(url, text):
@@ -312,7 +277,7 @@ async def stalled_part(args, lines):
               "(synthesis stopped after the look-ahead)"]
 
 
-PARTS = {"paragraph": paragraph_part, "handshake": handshake_part, "delivery": delivery_part,
+PARTS = {"paragraph": paragraph_part, "delivery": delivery_part,
          "stalled": stalled_part}
 
 

@@ -19,6 +19,7 @@ from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 SCOPE_KEY = "speech.flow"
+RESUME_YIELDS = 4  # loop turns from daphne's read of a frame to the consumer's handling of it
 
 
 @implementer(IPushProducer)
@@ -47,6 +48,10 @@ class FlowControl:
         """Return once the connection's outgoing buffer has room."""
         if not self._writable.is_set():
             await self._writable.wait()
+            # The client read again, and frames it sent before reading (a cancel, typically) arrive
+            # with the same wake-up: let the application handle them before more audio goes out.
+            for _ in range(RESUME_YIELDS):
+                await asyncio.sleep(0)
 
     # IPushProducer, called by the transport on the reactor's (daphne's) event loop
     def pauseProducing(self):

@@ -347,8 +347,18 @@ def metric(server, name):
 
 def held(server, sessions=1):
     """Wait (bounded) until `server` holds at least `sessions` sessions whose clients stopped
-    reading: their delivery is waiting mid-segment, seen from the server's side."""
-    wait_for(lambda: metric(server, "speech_sessions_held") >= sessions, f"{sessions} held session(s)")
+    reading: their delivery waits mid-segment, seen from the server's side. A hold is taken as
+    settled when two scrapes in a row see the sessions held and no audio sent in between (a client
+    that is still draining the socket pauses the server only for the moment a write takes)."""
+    last = None
+
+    def settled():
+        nonlocal last
+        now = metric(server, "speech_sessions_held") >= sessions, metric(server, "speech_audio_sent_bytes_total")
+        stable, last = now[0] and last == now, now
+        return stable
+
+    wait_for(settled, f"{sessions} held session(s)")
 
 
 async def send_json(ws, payload):
