@@ -124,10 +124,15 @@ http {{
         text = self.access_log.read_text() if self.access_log.exists() else ""
         return [match.group(1) for match in pattern.finditer(text)]
 
-    def served_by(self, method, path):
-        """The upstream of the last `METHOD path` request, once nginx has logged it (it logs a request
-        as it finishes, which may be just after the client has read the response)."""
-        return wait_for(lambda: self.upstreams(method, path), f"{method} {path} in nginx's access log")[-1]
+    def served_by(self, method, path, send):
+        """Calls send() (one request `METHOD path` through nginx) and returns (its result, the upstream
+        that served it), once nginx has logged it: it logs a request as it finishes, which may be just
+        after the client has read the response, so an earlier line must not be taken for it."""
+        before = len(self.upstreams(method, path))
+        result = send()
+        logged = wait_for(lambda: self.upstreams(method, path)[before:], f"{method} {path} in nginx's access log")
+        assert len(logged) == 1, logged
+        return result, logged[0]
 
     def error_log(self):
         path = self.dir / "error.log"

@@ -105,8 +105,9 @@ class Stack:
 
     def next_upstream(self):
         """Round robin: ask nginx something harmless and return the instance that will get the next request."""
-        assert http("GET", self.nginx.http_url + "/health")[0] == 200
-        served = self.name_of(self.nginx.served_by("GET", "/health"))
+        (status, _), upstream = self.nginx.served_by("GET", "/health", lambda: http("GET", self.nginx.http_url + "/health"))
+        assert status == 200
+        served = self.name_of(upstream)
         return next(name for name in INSTANCES if name != served)
 
 
@@ -185,9 +186,10 @@ async def test_2_a_rest_cancel_through_nginx_reaches_the_session_wherever_it_liv
         target = await asyncio.to_thread(stack.next_upstream)
         ws, sid, so_far = sessions[homes.index(next(name for name in INSTANCES if name != target))]
         path = f"/v1/audio/speech/sessions/{sid}/cancel"
-        status, body = await asyncio.to_thread(http, "POST", stack.nginx.http_url + path, b"")
+        (status, body), upstream = await asyncio.to_thread(
+            stack.nginx.served_by, "POST", path, lambda: http("POST", stack.nginx.http_url + path, b""))
         assert status == 202, body
-        assert stack.name_of(stack.nginx.served_by("POST", path)) == target != stack.instance_of(sid)
+        assert stack.name_of(upstream) == target != stack.instance_of(sid)
         so_far = await collect(ws, so_far, until=is_event("input.cancelled"))
         assert so_far.events[-1]["origin"] == "server" and so_far.events[-1]["session_id"] == sid
         for ws, _, items in sessions:
@@ -205,11 +207,12 @@ async def test_3_a_voice_uploaded_through_one_instance_speaks_in_a_session_on_th
         try:
             audio = samples.good("wav", 2.0)
             body, content_type = samples.multipart({"name": "shared-voice", "consent": "recorded with consent"},
-                                           {"audio_sample": ("ref.wav", audio, "audio/wav")})
-            status, reply = await asyncio.to_thread(http, "POST", cloning.nginx.http_url + "/v1/audio/voices", body,
-                                                    {"Content-Type": content_type})
+                                                   {"audio_sample": ("ref.wav", audio, "audio/wav")})
+            (status, reply), via = await asyncio.to_thread(
+                cloning.nginx.served_by, "POST", "/v1/audio/voices",
+                lambda: http("POST", cloning.nginx.http_url + "/v1/audio/voices", body, {"Content-Type": content_type}))
             assert status == 201, reply
-            uploader = cloning.name_of(cloning.nginx.served_by("POST", "/v1/audio/voices"))
+            uploader = cloning.name_of(via)
             stored = list((cloning.media / "voices").iterdir())
             assert [path.read_bytes() for path in stored] == [audio]  # in the shared directory
 
@@ -248,7 +251,7 @@ async def test_4_the_sqlite_single_container_mode_runs_the_dockerfile_commands()
         probe = await asyncio.to_thread(subprocess.run, facts["healthcheck"], env=env, capture_output=True, timeout=30)
         assert probe.returncode == 0, probe.stderr  # the image's HEALTHCHECK: ready
         body, content_type = samples.multipart({"name": "kept", "consent": "recorded with consent"},
-                                       {"audio_sample": ("ref.wav", samples.good("wav", 2.0), "audio/wav")})
+                                               {"audio_sample": ("ref.wav", samples.good("wav", 2.0), "audio/wav")})
         status, reply = await asyncio.to_thread(http, "POST", f"http://127.0.0.1:{port}/v1/audio/voices", body,
                                                 {"Content-Type": content_type})
         assert status == 201, reply
