@@ -17,15 +17,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from . import audio_samples as samples
-from .deploy import DOCKER, Nginx, PostgresDatabase, dockerfile, local_environment
+from .deploy import DOCKER, Nginx, PostgresDatabase, dockerfile, http, local_environment
 from .live import (
     PROJECT_ROOT,
     DaphneServer,
@@ -109,15 +107,6 @@ class Stack:
         assert status == 200
         served = self.name_of(upstream)
         return next(name for name in INSTANCES if name != served)
-
-
-def http(method, url, body=None, headers=None):
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def check_stopped_cleanly(stack, codes, killed=()):

@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import urllib.error
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from speech import logcontext, metrics
 from speech.engines.fake import FakeEngine
 
+from .deploy import http
 from .live import (
     DaphneServer,
     collect,
@@ -40,19 +39,9 @@ LONG_TEXT = " ".join(f"Sentence {i} of an answer that will be interrupted." for 
 
 # -- helpers ------------------------------------------------------------------------------------
 
-def fetch(url, headers=None, timeout=30.0):
-    """(status, body bytes) of a GET, error statuses included."""
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 def scrape(server, headers=None):
     """{(sample name, sorted labels): value} of the server's /metrics."""
-    status, body = fetch(server.http_url + "/metrics", headers)
+    status, body = http("GET", server.http_url + "/metrics", headers=headers)
     assert status == 200, body
     samples = {}
     for family in text_string_to_metric_families(body.decode()):
@@ -103,7 +92,7 @@ async def test_metrics_follow_a_real_session(server):
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
         received = await collect(ws, received, until=lambda item: item.kind == "audio")
         await asyncio.to_thread(held, server)  # still speaking, whatever the cancel's way takes
-        status, _ = await asyncio.to_thread(_post, server, f"/v1/audio/speech/sessions/{sid}/cancel")
+        status, _ = await asyncio.to_thread(http, "POST", f"{server.http_url}/v1/audio/speech/sessions/{sid}/cancel", b"")
         assert status == 202
         received = await collect(ws, received, until=lambda item: item.kind == "event"
                                  and item.data.get("type") == "input.cancelled" and item.data["origin"] == "server")
@@ -116,7 +105,7 @@ async def test_metrics_follow_a_real_session(server):
     finally:
         await ws.close()
     assert received.close_code == 1000, received.types()
-    status, _ = await asyncio.to_thread(fetch, server.http_url + "/v1/audio/voices")
+    status, _ = await asyncio.to_thread(http, "GET", server.http_url + "/v1/audio/voices")
     assert status == 200
 
     def settled():  # the end of a session is counted once its work has stopped, after the close
@@ -143,20 +132,11 @@ async def test_metrics_follow_a_real_session(server):
     assert f"[{sid}]: session ended: completed" in server.stderr_text()
 
 
-def _post(server, path):
-    request = urllib.request.Request(server.http_url + path, method="POST", data=b"")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 def test_metrics_need_the_token_when_one_is_set():
     with serving({"SPEECH_ENGINE": "fake", "SPEECH_METRICS_TOKEN": "s3cret-metrics"}) as srv:
-        assert fetch(srv.http_url + "/metrics")[0] == 401
-        assert fetch(srv.http_url + "/metrics", {"Authorization": "Bearer wrong"})[0] == 401
-        status, body = fetch(srv.http_url + "/metrics", {"Authorization": "Bearer s3cret-metrics"})
+        assert http("GET", srv.http_url + "/metrics")[0] == 401
+        assert http("GET", srv.http_url + "/metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
+        status, body = http("GET", srv.http_url + "/metrics", headers={"Authorization": "Bearer s3cret-metrics"})
         assert status == 200 and b"speech_sessions_active" in body
     assert "s3cret-metrics" not in srv.stderr_text() + srv.stdout_text()
 
@@ -175,14 +155,14 @@ async def test_metrics_without_a_token_are_for_this_machine_only(rf, settings):
 # -- readiness --------------------------------------------------------------------------------------
 
 def health(server):
-    status, body = fetch(server.http_url + "/health")
+    status, body = http("GET", server.http_url + "/health")
     return status, json.loads(body)
 
 
 def test_ready_when_database_redis_and_engine_are(server):
     status, body = health(server)
     assert (status, body) == (200, {"status": "ok", "checks": {"database": "ok", "engine": "ok", "redis": "ok"}})
-    assert fetch(server.http_url + "/healthz")[0] == 200
+    assert http("GET", server.http_url + "/healthz")[0] == 200
 
 
 def test_not_ready_names_each_failing_part():
@@ -192,7 +172,7 @@ def test_not_ready_names_each_failing_part():
            "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/speech_no_such_database"}
     with DaphneServer(env, migrate=False) as srv:  # nothing to migrate into: the database is missing
         status, body = health(srv)
-        liveness = fetch(srv.http_url + "/healthz")[0]
+        liveness = http("GET", srv.http_url + "/healthz")[0]
     srv.cleanup()
     assert status == 503 and body["status"] == "unavailable"
     assert body["failing"] == ["database", "engine", "redis"]
