@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speech.audio.signal import signal as audio
+from speech.audio import signal as audio
 
 RATE = 24000
 MS = RATE // 1000  # samples per millisecond

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import soxr
 
-from speech.audio.signal import codecs
+from speech.audio import codecs
 from speech.audio.signal import pcm16
 from speech.audio.codecs import FILE_FORMATS, RAW_FORMATS, EncodingError, RawEncoder, encode_file, output_rate
 from speech.engines.fake import FakeEngine

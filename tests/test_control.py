@@ -26,7 +26,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from speech.control.signals import signals as control
+from speech.control import signals as control
 from speech.engines.fake import FakeEngine
 from speech.control.layer import SpeechChannelLayer
 from speech.stream.session import OUTCOME_DISCONNECTED, OUTCOME_COMPLETED, OUTCOME_FAILED, OUTCOME_TERMINATED, TERMINATED_MESSAGE
