@@ -63,7 +63,7 @@ HELD = Gauge("speech_sessions_held",
 HELD.set_function(lambda: FlowControl.held)
 
 
-# -- sessions (speech/web/consumers.py) ------------------------------------------------------------
+# -- sessions (speech/web/consumers.py) --------------------------------------------------------
 def session_started(session):
     """The socket is accepted: the session counts as active, and every log record from here on (in
     this task and the tasks it creates) carries its id."""
@@ -85,7 +85,7 @@ def session_ended(session):
                 f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none")
 
 
-# -- audio (speech/stream/pipeline.py) ----------------------------------------------------------------
+# -- audio (speech/stream/pipeline.py) ---------------------------------------------------------
 async def timed(chunks, sample_rate):
     """The engine's chunks, passed through; a stream that ends normally observes its engine time
     and real-time factor. Closing this closes the engine's stream (its work is aborted)."""

@@ -29,7 +29,13 @@ from django.test import override_settings
 from speech.control import signals as control
 from speech.engines.fake import FakeEngine
 from speech.control.layer import SpeechChannelLayer
-from speech.stream.session import OUTCOME_DISCONNECTED, OUTCOME_COMPLETED, OUTCOME_FAILED, OUTCOME_TERMINATED, TERMINATED_MESSAGE
+from speech.stream.session import (
+    OUTCOME_COMPLETED,
+    OUTCOME_DISCONNECTED,
+    OUTCOME_FAILED,
+    OUTCOME_TERMINATED,
+    TERMINATED_MESSAGE,
+)
 from speech.control.slots import RedisSlots
 
 from .communicator import HANG_GUARD_S, PATH, application, event, send

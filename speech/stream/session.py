@@ -51,7 +51,8 @@ class State(enum.Enum):
 
 # How a session ended. A client that disconnects is stored and counted as "cancelled" (the session
 # registry's rows, the admin and the metric's label keep that value); "cancel" elsewhere is barge-in.
-OUTCOME_COMPLETED, OUTCOME_DISCONNECTED, OUTCOME_TERMINATED, OUTCOME_FAILED = "completed", "cancelled", "terminated", "failed"
+OUTCOME_COMPLETED, OUTCOME_DISCONNECTED = "completed", "cancelled"
+OUTCOME_TERMINATED, OUTCOME_FAILED = "terminated", "failed"
 TERMINATED_MESSAGE = "speech session terminated by the server"
 
 
@@ -142,7 +143,7 @@ class SpeechSession:
             await self._report(error)
             self._arm_idle()
 
-    # -- control signals (speech.cancel / speech.terminate, speech/control/signals.py) ----------------------
+    # -- control signals (speech.cancel / speech.terminate, speech/control/signals.py) -------------
     async def handle_signal(self, message):
         """A cancel or terminate from the control plane, possibly sent from another instance.
 
