@@ -5,7 +5,7 @@
 In this process (no server): about 20 s of real Hibari speech (`HibariEngine(workers=1)`, 24 kHz,
 fixed seed) is synthesised once, sentence by sentence, timing the engine (synthesis time per second
 of audio: the median of 3 passes after a warm-up). Then, for every format (8) and every contract
-rate (6), each sentence goes the way the pipeline takes it (speech/pipeline.py): a fresh
+rate (6), each sentence goes the way the pipeline takes it (speech/stream/pipeline.py): a fresh
 `Chain(24000, output_rate(fmt, rate))` per segment, `process` on each engine chunk then `flush`;
 raw formats through a `RawEncoder` chunk by chunk, file formats as one `encode_file` per segment.
 The cost is the median over `--repeat` passes, in ms per second of audio; "resample" is the chain
@@ -39,11 +39,11 @@ import django  # noqa: E402
 
 django.setup()
 
-from speech.codecs import FORMATS, RAW_FORMATS, RawEncoder, encode_file, output_rate  # noqa: E402
+from speech.audio.codecs import FORMATS, RAW_FORMATS, RawEncoder, encode_file, output_rate  # noqa: E402
 from speech.engines import SynthesisRequest  # noqa: E402
 from speech.engines.hibari import HibariEngine  # noqa: E402
-from speech.protocol import SAMPLE_RATES  # noqa: E402
-from speech.transforms import Chain, plan_speed  # noqa: E402
+from speech.stream.protocol import SAMPLE_RATES  # noqa: E402
+from speech.audio.transforms import Chain, plan_speed  # noqa: E402
 
 SECTION = "## Encoding and resampling cost (bench/audio_cost.py)"
 TARGET_RATIO = 0.10

@@ -8,7 +8,7 @@
     redis-server): the difference is what joining the session's group costs. No API key, builtin voice.
 (2) The two channels-redis layers side by side, in-process, on the same private redis-server:
     `group_add` (what a handshake waits for) and `group_send` -> `receive` (what a cancel waits for,
-    besides HTTP and Django), for the core `RedisChannelLayer` (as speech/layer.py configures it)
+    besides HTTP and Django), for the core `RedisChannelLayer` (as speech/control/layer.py configures it)
     and `RedisPubSubChannelLayer`.
 
 Targets (issues 10 and 11): configured p50 <= 1.5 ms, p99 <= 3 ms; 20 at once p50 <= 10 ms; the group
@@ -89,10 +89,10 @@ async def layer_costs(url, trials):
     django.setup()
     from channels_redis.pubsub import RedisPubSubChannelLayer
 
-    from speech.layer import SpeechChannelLayer
+    from speech.control.layer import SpeechChannelLayer
 
     rows = []
-    for name, layer in (("core (speech/layer.py)", SpeechChannelLayer(hosts=[url], prefix="bench-core")),
+    for name, layer in (("core (speech/control/layer.py)", SpeechChannelLayer(hosts=[url], prefix="bench-core")),
                         ("pub/sub", RedisPubSubChannelLayer(hosts=[url], prefix="bench-pubsub"))):
         sender = SpeechChannelLayer(hosts=[url], prefix="bench-core") if name.startswith("core") else \
             RedisPubSubChannelLayer(hosts=[url], prefix="bench-pubsub")

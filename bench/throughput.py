@@ -68,7 +68,7 @@ def pct(values, q):
 
 
 def segments(text):
-    from speech.segmenter import Segmenter
+    from speech.stream.segmenter import Segmenter
 
     cutter = Segmenter("sentence")
     return [*cutter.feed(text), *cutter.flush()]

@@ -8,7 +8,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import control, voices
+from .control import signals as control
+from . import voices
 from .models import ApiKey, SessionRecord, Voice
 
 
@@ -167,7 +168,7 @@ class SessionRecordAdmin(admin.ModelAdmin):
         return False
 
     def _signal(self, request, queryset, kind):
-        live = list(queryset.filter(status=SessionRecord.ACTIVE).values_list("session_id", flat=True))
+        live = list(queryset.filter(status=SessionRecord.Status.ACTIVE).values_list("session_id", flat=True))
         try:
             for session_id in live:
                 control.send_sync(kind, session_id)

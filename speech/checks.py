@@ -6,7 +6,7 @@ from django.core import checks
 
 from .conf import conf
 from .engines import ENGINES
-from .protocol import SAMPLE_RATES
+from .stream.protocol import SAMPLE_RATES
 
 
 @checks.register(checks.Tags.compatibility)

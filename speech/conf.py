@@ -2,13 +2,15 @@
 
 Modelled on django-cors-headers' conf.py: the code asks `conf.MAX_PENDING_CHARS` and tests can
 override a setting with `override_settings`. It names every SPEECH_* setting but one:
-SPEECH_INSTANCE_ID is read straight from django.conf.settings by speech/registry.py, as REDIS_URL
+SPEECH_INSTANCE_ID is read straight from django.conf.settings by speech/control/registry.py, as REDIS_URL
 is by the cross-instance control plane. The README's Settings table lists every setting.
 """
 
 import os
 
 from django.conf import settings
+
+from .stream.protocol import Limits
 
 DEFAULTS = {
     "SPEECH_ENGINE": "hibari",
@@ -48,3 +50,15 @@ class Settings:
 
 
 conf = Settings()
+
+
+def stream_limits():
+    """The session core's Limits from the settings: the core itself reads no Django settings."""
+    return Limits(
+        config_timeout_s=conf.CONFIG_TIMEOUT_S,
+        idle_timeout_s=conf.IDLE_TIMEOUT_S,
+        max_config_bytes=conf.MAX_CONFIG_BYTES,
+        max_message_bytes=conf.MAX_MESSAGE_BYTES,
+        max_pending_chars=conf.MAX_PENDING_CHARS,
+        max_segment_chars=conf.MAX_SEGMENT_CHARS,
+    )

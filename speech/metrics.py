@@ -2,8 +2,8 @@
 
 Every metric is defined here and fed from a few places only: the consumer at a session's start
 and end, the pipeline (engine time per segment, the first audio frame, every audio frame sent),
-the session's cancel, the `error` event builder (speech/errors.py) and the API's HTTP handler
-(speech/apihandler.py). Each daphne process has its own registry: with several instances,
+the session's cancel, the `error` event builder (speech/stream/errors.py) and the API's HTTP handler
+(speech/web/apihandler.py). Each daphne process has its own registry: with several instances,
 Prometheus scrapes every instance (its own address), not the load balancer.
 """
 
@@ -19,7 +19,7 @@ import weakref
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 from . import logcontext
-from .flowcontrol import FlowControl
+from .web.flowcontrol import FlowControl
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +59,11 @@ def _pool_jobs():
 ENGINE_QUEUE.set_function(_pool_jobs)
 HELD = Gauge("speech_sessions_held",
              "WebSocket connections whose client is not reading fast enough right now: their audio waits "
-             "(backpressure, speech/flowcontrol.py)")
+             "(backpressure, speech/web/flowcontrol.py)")
 HELD.set_function(lambda: FlowControl.held)
 
 
-# -- sessions (speech/consumers.py) ------------------------------------------------------------
+# -- sessions (speech/web/consumers.py) --------------------------------------------------------
 def session_started(session):
     """The socket is accepted: the session counts as active, and every log record from here on (in
     this task and the tasks it creates) carries its id."""
@@ -85,7 +85,7 @@ def session_ended(session):
                 f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none")
 
 
-# -- audio (speech/pipeline.py) ----------------------------------------------------------------
+# -- audio (speech/stream/pipeline.py) ---------------------------------------------------------
 async def timed(chunks, sample_rate):
     """The engine's chunks, passed through; a stream that ends normally observes its engine time
     and real-time factor. Closing this closes the engine's stream (its work is aborted)."""

@@ -9,6 +9,8 @@ from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
+from .stream.session import OUTCOME_COMPLETED, OUTCOME_DISCONNECTED, OUTCOME_FAILED, OUTCOME_TERMINATED
+
 KEY_PREFIX = "tts_"
 
 
@@ -96,8 +98,13 @@ class AccessToken(models.Model):
 class SessionRecord(models.Model):
     """One WebSocket session, as the registry knows it: written when it starts and when it ends."""
 
-    ACTIVE, COMPLETED, CANCELLED, TERMINATED, FAILED = "active", "completed", "cancelled", "terminated", "failed"
-    STATUSES = [(s, s) for s in (ACTIVE, COMPLETED, CANCELLED, TERMINATED, FAILED)]
+    class Status(models.TextChoices):
+        # The session core's outcomes (speech/stream/session.py); labels equal the stored values.
+        ACTIVE = "active", "active"
+        COMPLETED = OUTCOME_COMPLETED, OUTCOME_COMPLETED
+        DISCONNECTED = OUTCOME_DISCONNECTED, OUTCOME_DISCONNECTED
+        TERMINATED = OUTCOME_TERMINATED, OUTCOME_TERMINATED
+        FAILED = OUTCOME_FAILED, OUTCOME_FAILED
 
     session_id = models.CharField(max_length=64, primary_key=True)
     instance = models.CharField(max_length=255, db_index=True)
@@ -106,7 +113,7 @@ class SessionRecord(models.Model):
     engine = models.CharField(max_length=32)
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
-    status = models.CharField(max_length=12, choices=STATUSES, default=ACTIVE, db_index=True)
+    status = models.CharField(max_length=12, choices=Status.choices, default=Status.ACTIVE, db_index=True)
     segments = models.PositiveIntegerField(default=0)
     bytes_sent = models.PositiveBigIntegerField("bytes", default=0)
     first_audio_ms = models.FloatField("first audio (ms)", null=True, blank=True)

@@ -20,7 +20,7 @@ import numpy as np
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 
-from . import control, registry
+from .control import signals as control, registry
 from .models import Voice
 
 logger = logging.getLogger(__name__)

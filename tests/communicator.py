@@ -5,8 +5,8 @@ import json
 from channels.routing import URLRouter
 from django.urls import path
 
-from speech.consumers import SpeechStreamConsumer
-from speech.origin import origin_policy
+from speech.web.consumers import SpeechStreamConsumer
+from speech.web.origin import origin_policy
 
 PATH = "/v1/audio/speech/stream"
 HANG_GUARD_S = 5

@@ -20,8 +20,8 @@ import re
 import pytest
 
 from speech.engines.fake import FakeEngine
-from speech.protocol import Limits
-from speech.session import SpeechSession
+from speech.stream.protocol import Limits
+from speech.stream.session import SpeechSession
 
 from .recorder import HANG_GUARD_S, Recorder
 

@@ -22,7 +22,7 @@ class Recorder:
     def __init__(self, *, yield_on_send=False):
         self.yield_on_send = yield_on_send
         # Cleared: the client "stops reading" and send_bytes waits, as the consumer's does on a
-        # full socket (speech/flowcontrol.py).
+        # full socket (speech/web/flowcontrol.py).
         self.writable = asyncio.Event()
         self.writable.set()
         self.held_sends = 0  # send_bytes calls that found the transport not writable

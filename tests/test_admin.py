@@ -13,7 +13,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.utils import formats, timezone
 
-from speech import auth
+from speech.web import auth
 from speech.admin import VoiceUploadForm
 from speech.models import ApiKey, Voice
 from speech.voices import create_voice

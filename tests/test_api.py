@@ -11,7 +11,7 @@ import pytest
 from django.core.asgi import get_asgi_application
 from django.utils import timezone
 
-from speech.bodylimit import UploadLimit
+from speech.web.bodylimit import UploadLimit
 from speech.models import AccessToken, ApiKey, Voice
 
 from . import audio_samples as samples

@@ -1,11 +1,11 @@
-"""speech.audio on plain numpy signals: trim_silence, normalise, pcm16."""
+"""speech.audio.signal on plain numpy signals: trim_silence, normalise, pcm16."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from speech import audio
+from speech.audio import signal as audio
 
 RATE = 24000
 MS = RATE // 1000  # samples per millisecond

@@ -15,11 +15,11 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
-import speech.slots
-from speech import auth
+import speech.control.slots
+from speech.web import auth
 from speech.engines.fake import FakeEngine
 from speech.models import AccessToken, ApiKey, Voice
-from speech.slots import LocalSlots
+from speech.control.slots import LocalSlots
 from speech.voices import create_voice
 
 from . import audio_samples as samples
@@ -42,7 +42,7 @@ def limit_event(limit):
 @pytest.fixture(autouse=True)
 def slots(monkeypatch):
     fresh = LocalSlots()
-    monkeypatch.setattr(speech.slots, "_slots", fresh)
+    monkeypatch.setattr(speech.control.slots, "_slots", fresh)
     return fresh
 
 

@@ -1,4 +1,4 @@
-"""speech.codecs against independent decoders (tests/decoders.py).
+"""speech.audio.codecs against independent decoders (tests/decoders.py).
 
 Every file format at every contract rate must decode, with a decoder that is not the product's
 FFmpeg wherever one exists, to mono audio at the rate the client is told (`output_rate`: opus is
@@ -6,7 +6,7 @@ always 48 kHz, the pipeline resamples to it before encoding), the same length wi
 own padding, and the same content.
 
 Length tolerances (decoded minus input samples) and why:
-* wav, flac: 0, and the samples are bit-exact to `speech.audio.pcm16` (both are lossless 16-bit).
+* wav, flac: 0, and the samples are bit-exact to `speech.audio.signal.pcm16` (both are lossless 16-bit).
 * mp3: |delta| <= 1152 (one Layer III frame). An MP3 decoder adds the encoder delay (528 + 1) and
   the end padding unless it reads LAME's gapless header; the pinned libsndfile does and gives 0,
   but the contract promises only "MPEG layer III", not gapless playback.
@@ -26,12 +26,12 @@ import numpy as np
 import pytest
 import soxr
 
-from speech import codecs
-from speech.audio import pcm16
-from speech.codecs import FILE_FORMATS, RAW_FORMATS, EncodingError, RawEncoder, encode_file, output_rate
+from speech.audio import codecs
+from speech.audio.signal import pcm16
+from speech.audio.codecs import FILE_FORMATS, RAW_FORMATS, EncodingError, RawEncoder, encode_file, output_rate
 from speech.engines.fake import FakeEngine
-from speech.pipeline import FIRST_FRAME_S, FRAME_S
-from speech.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
+from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S
+from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 
 from .decoders import (
     best_lag,
@@ -368,7 +368,7 @@ async def test_session_each_segment_is_its_own_file(speech, fmt):
 
 
 async def test_session_encoder_failure_fails_only_that_segment(speech, monkeypatch):
-    import speech.pipeline as pipeline
+    import speech.stream.pipeline as pipeline
 
     real = pipeline.encode_file
     calls = []

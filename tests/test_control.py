@@ -1,4 +1,4 @@
-"""Control signals in-process: the channel layer (speech/layer.py, speech/control.py) and a session's
+"""Control signals in-process: the channel layer (speech/control/layer.py, speech/control/signals.py) and a session's
 `handle_signal`.
 
 * SpeechChannelLayer against a private `redis-server` (tests/test_redis_faults.py RedisServer) that the
@@ -26,11 +26,17 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
-from speech import control
+from speech.control import signals as control
 from speech.engines.fake import FakeEngine
-from speech.layer import SpeechChannelLayer
-from speech.session import OUTCOME_CANCELLED, OUTCOME_COMPLETED, OUTCOME_FAILED, OUTCOME_TERMINATED, TERMINATED_MESSAGE
-from speech.slots import RedisSlots
+from speech.control.layer import SpeechChannelLayer
+from speech.stream.session import (
+    OUTCOME_COMPLETED,
+    OUTCOME_DISCONNECTED,
+    OUTCOME_FAILED,
+    OUTCOME_TERMINATED,
+    TERMINATED_MESSAGE,
+)
+from speech.control.slots import RedisSlots
 
 from .communicator import HANG_GUARD_S, PATH, application, event, send
 from .conftest import CHUNK_BYTES, limits, other_tasks
@@ -96,7 +102,7 @@ async def test_group_send_reaches_the_session_on_another_instance_only(layers, p
 
 
 async def test_receive_outlives_redis_and_groups_come_back_after_an_empty_restart(layers, private_redis, caplog):
-    caplog.set_level(logging.INFO, logger="speech.layer")
+    caplog.set_level(logging.INFO, logger="speech.control.layer")
     a, b = layers(), layers()
     sid = new_id()
     channel = await joined(a, sid)
@@ -110,7 +116,7 @@ async def test_receive_outlives_redis_and_groups_come_back_after_an_empty_restar
     sent = control.message(control.CANCEL, sid)
     await b.group_send(control.group(sid), sent)
     assert await asyncio.wait_for(receiving, HANG_GUARD_S) == sent
-    lines = [r.getMessage() for r in caplog.records if r.name == "speech.layer"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "speech.control.layer"]
     assert sum("Redis unavailable" in line for line in lines) == 1, lines
     assert sum("Redis is reachable again; 1 session group(s) joined" in line for line in lines) == 1, lines
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
@@ -131,7 +137,7 @@ async def test_a_join_while_redis_is_away_returns_at_once_and_happens_when_it_is
 
 
 async def test_send_and_liveness_with_redis_away_raise_signals_unavailable(private_redis):
-    config = {"default": {"BACKEND": "speech.layer.SpeechChannelLayer",
+    config = {"default": {"BACKEND": "speech.control.layer.SpeechChannelLayer",
                           "CONFIG": {"hosts": [private_redis.url(7)]}}}
     with override_settings(CHANNEL_LAYERS=config):
         sid = new_id()
@@ -305,7 +311,7 @@ async def test_late_cancel_does_not_clear_new_buffered_text(speech):
 
 @pytest.mark.parametrize("issued_at", [None, "2026-01-01", True], ids=["null", "string", "bool"])
 async def test_a_cancel_without_a_usable_issued_at_is_current(speech, issued_at):
-    """(Raised TypeError before speech/session.py checked the type.) Any Django code may send a cancel
+    """(Raised TypeError before speech/stream/session.py checked the type.) Any Django code may send a cancel
     without `issued_at` (README): it cuts the speech under way."""
     s, engine, sid, sent = await speaking(speech)
     await s.session.handle_signal({"type": "speech.cancel", "session_id": sid, "issued_at": issued_at})
@@ -403,7 +409,7 @@ async def test_outcome_completed_after_input_done(speech):
 async def test_outcome_cancelled_when_the_client_leaves_mid_session(speech):
     s, engine, sid, sent = await speaking(speech)
     await s.finish()  # aclose: the client disconnected
-    assert s.session.outcome == OUTCOME_CANCELLED
+    assert s.session.outcome == OUTCOME_DISCONNECTED
     assert engine.aborted == 2
     assert s.t.close_code is None and s.t.pending() == []
     assert s.session.pipeline.bytes_sent == sent and s.session.pipeline.sentences == 1

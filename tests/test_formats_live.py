@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
-from speech.pipeline import FIRST_FRAME_S, FRAME_S
+from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S
 from tests.live import run_session, segments_of, serving
 from tests.speech_check import WHISPER_RATE, normalise, transcribe, wer
 

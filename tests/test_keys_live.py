@@ -2,7 +2,7 @@
 sharing one SQLite file database and one Redis.
 
 The slot count lives in Redis as a sorted set `speech:slots:<key prefix>` whose members are session
-ids and whose scores are lease deadlines (speech/slots.py). A crashed instance's slot is freed by
+ids and whose scores are lease deadlines (speech/control/slots.py). A crashed instance's slot is freed by
 its lease running out; instead of waiting LEASE_S, the test reads the dead member's deadline and
 runs the acquire script's own expiry step with a clock past it.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import redis
 
-import speech.slots
-from speech.slots import _ACQUIRE, LEASE_S, RedisSlots
+import speech.control.slots
+from speech.control.slots import _ACQUIRE, LEASE_S, RedisSlots
 from tests import audio_samples as samples
 from tests.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session, wait_for
 
@@ -378,7 +378,7 @@ async def test_keys_and_tokens_never_reach_the_server_logs(servers, new_key):
 async def redis_slots(rds, monkeypatch):
     """RedisSlots on this module's database with a clock the test moves; yields (slots, clock, key)."""
     clock = types.SimpleNamespace(now=time.time())
-    monkeypatch.setattr(speech.slots, "time", types.SimpleNamespace(time=lambda: clock.now))
+    monkeypatch.setattr(speech.control.slots, "time", types.SimpleNamespace(time=lambda: clock.now))
     slots = RedisSlots(REDIS_URL)
     key = f"test-{uuid.uuid4().hex}"
     try:

@@ -142,7 +142,7 @@ def test_metrics_need_the_token_when_one_is_set():
 
 
 async def test_metrics_without_a_token_are_for_this_machine_only(rf, settings):
-    from speech import views
+    from speech.web import views
 
     settings.SPEECH_METRICS_TOKEN = ""
     remote = await views.metrics(rf.get("/metrics", REMOTE_ADDR="203.0.113.9"))
@@ -227,7 +227,7 @@ async def test_a_sessions_tasks_log_with_its_id(speech):
     handler = logging.Handler()
     handler.addFilter(logcontext.SessionFilter())
     handler.emit = records.append
-    pipeline_logger = logging.getLogger("speech.pipeline")
+    pipeline_logger = logging.getLogger("speech.stream.pipeline")
     pipeline_logger.addHandler(handler)
     try:
         s = await speech(engine=FakeEngine(fail_on="BOOM", error=RuntimeError("boom")), stream_audio=True)

@@ -1,4 +1,4 @@
-"""speech.pipeline limits: look-ahead (only after the current segment has audio), pending-text
+"""speech.stream.pipeline limits: look-ahead (only after the current segment has audio), pending-text
 accounting and backpressure, driven directly with the recording transport and a FakeEngine."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from speech.engines.fake import FakeEngine
-from speech.pipeline import LOOKAHEAD, Pipeline
-from speech.protocol import SessionConfig
+from speech.stream.pipeline import LOOKAHEAD, Pipeline
+from speech.stream.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
 from .recorder import Recorder, check_segment_order

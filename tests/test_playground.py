@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from speech import auth
+from speech.web import auth
 from speech.models import ApiKey
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("process_engine")]

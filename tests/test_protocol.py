@@ -1,4 +1,4 @@
-"""speech.protocol: parse_config (docs/protocol.md, session.config fields), parse_message and utf8_length_exceeds."""
+"""speech.stream.protocol: parse_config (docs/protocol.md, session.config fields), parse_message and utf8_length_exceeds."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 
 from speech.engines.fake import FakeEngine
-from speech.errors import BAD_REQUEST, CLOSE_POLICY, SpeechError
-from speech.protocol import SessionConfig, parse_config, parse_message, utf8_length_exceeds
+from speech.stream.errors import BAD_REQUEST, CLOSE_POLICY, SpeechError
+from speech.stream.protocol import SessionConfig, parse_config, parse_message, utf8_length_exceeds
 
 CAPS = FakeEngine().capabilities  # voices fake, alt; 24 kHz; speed 0.25-4.0; no ref_audio/instructions
 
@@ -248,7 +248,7 @@ def test_speed_huge_integer_is_out_of_bounds_not_a_crash():
 
 @pytest.mark.parametrize("speed", [0.25, 0.49, 2.01, 4.0])
 def test_speed_outside_the_engines_range_is_accepted(speed):
-    # The pipeline time-stretches what the engine cannot do (speech/transforms.py).
+    # The pipeline time-stretches what the engine cannot do (speech/audio/transforms.py).
     assert config(FakeEngine(speed_range=(0.5, 2.0)).capabilities, speed=speed).speed == speed
 
 

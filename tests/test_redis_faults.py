@@ -89,7 +89,7 @@ class RedisServer:
         return self.proc is not None and self.proc.poll() is None
 
     def group_members(self, session_id, db=0, prefix="speech"):
-        """Channels in the session's channel-layer group (its consumer joins it; speech/layer.py)."""
+        """Channels in the session's channel-layer group (its consumer joins it; speech/control/layer.py)."""
         with redis.Redis(host="127.0.0.1", port=self.port, db=db, socket_connect_timeout=1) as client:
             return client.zcard(f"{prefix}:group:speech.session.{session_id}")
 
@@ -214,7 +214,7 @@ async def speaking_session(server):
 
 
 def heartbeat(setup, instance, redis_server=None):
-    """Whether `instance` has renewed its heartbeat in Redis (speech/layer.py): the REST endpoints treat
+    """Whether `instance` has renewed its heartbeat in Redis (speech/control/layer.py): the REST endpoints treat
     the sessions of an instance without one as lost."""
     return (redis_server or setup.redis).has_key(f"speech:instance:{instance}", db=3)
 
@@ -570,7 +570,7 @@ async def test_8_a_live_session_is_not_declared_lost_when_its_heartbeat_key_is_l
         setup.servers.append(f)
         ws, sid, items = await speaking_session(e)
         try:
-            from speech.control import STALE_S
+            from speech.control.signals import STALE_S
 
             def uptime():
                 with standby.client() as client:

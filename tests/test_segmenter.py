@@ -1,8 +1,8 @@
-"""Tests of speech.segmenter (plain pytest, no Django)."""
+"""Tests of speech.stream.segmenter (plain pytest, no Django)."""
 
 import pytest
 
-from speech.segmenter import Segmenter
+from speech.stream.segmenter import Segmenter
 
 SENTENCE, CLAUSE = "sentence", "clause"
 BOTH = (SENTENCE, CLAUSE)

@@ -17,7 +17,7 @@ import wave
 import numpy as np
 import pytest
 
-from speech import audio
+from speech.audio import signal as audio
 from speech.engines import EngineBusy
 from speech.engines.fake import FakeEngine
 

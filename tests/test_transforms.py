@@ -1,4 +1,4 @@
-"""speech.transforms: streaming resampling, pitch-preserving time-stretch, the speed plan, the chain.
+"""speech.audio.transforms: streaming resampling, pitch-preserving time-stretch, the speed plan, the chain.
 
 Streamed chunk by chunk with random chunk sizes (some of one sample), as the pipeline feeds engine
 chunks. Tolerances:
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import soxr
 
-from speech.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
-from speech.transforms import ATEMPO_MIN, Chain, Resampler, TimeStretch, plan_speed
+from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
+from speech.audio.transforms import ATEMPO_MIN, Chain, Resampler, TimeStretch, plan_speed
 
 from .decoders import (
     autocorr_f0,

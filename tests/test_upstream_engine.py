@@ -1,4 +1,4 @@
-"""speech.engines.upstream.OpenAIEngine against the loopback stand-in upstream (real sockets, real httpx).
+"""speech.engines.openai.OpenAIEngine against the loopback stand-in upstream (real sockets, real httpx).
 
 Nothing sleeps to wait for an outcome: every await has a hang guard (GUARD_S) that only turns a hang
 into a failure, and the stand-in's counters are awaited with `StandIn.reached()` (its own bounded
@@ -19,9 +19,9 @@ from django.test import override_settings
 
 from speech.checks import check_speech_settings
 from speech.engines.base import EngineBusy, EngineError, SynthesisRequest
-from speech.engines.upstream import OpenAIEngine
-from speech.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
-from speech.protocol import resolve_config
+from speech.engines.openai import OpenAIEngine
+from speech.stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
+from speech.stream.protocol import resolve_config
 from speech.voices import ReferenceVoice
 
 from .audio_samples import good

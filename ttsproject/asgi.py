@@ -1,6 +1,6 @@
 """ASGI entry point: `daphne ttsproject.asgi:application` from the project root.
 
-HTTP goes to Django (the API's paths without the browser middleware, speech/apihandler.py); WebSocket goes through the Origin policy to the speech consumer. The
+HTTP goes to Django (the API's paths without the browser middleware, speech/web/apihandler.py); WebSocket goes through the Origin policy to the speech consumer. The
 engine is built and warmed up here, before daphne listens, so the first client pays nothing.
 """
 
@@ -15,12 +15,12 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from speech.apihandler import APIHandler, PathRouter  # noqa: E402
-from speech.bodylimit import UploadLimit  # noqa: E402
+from speech.web.apihandler import APIHandler, PathRouter  # noqa: E402
+from speech.web.bodylimit import UploadLimit  # noqa: E402
 from speech.conf import conf  # noqa: E402
 from speech.engines import get_engine  # noqa: E402
-from speech.origin import origin_policy  # noqa: E402
-from speech.routing import websocket_urlpatterns  # noqa: E402
+from speech.web.origin import origin_policy  # noqa: E402
+from speech.web.routing import websocket_urlpatterns  # noqa: E402
 
 if conf.WARM_UP:
     asyncio.run(get_engine().warm_up())

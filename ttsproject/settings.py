@@ -63,13 +63,13 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 
 # Without REDIS_URL one instance serves everything: Channels' in-memory layer carries control signals
 # and per-key session counts stay in the process. With it, channels-redis's core layer (made to outlive
-# Redis outages by speech/layer.py) carries them across instances, and slots live in Redis (speech/slots.py).
+# Redis outages by speech/control/layer.py) carries them across instances, and slots live in Redis (speech/control/slots.py).
 REDIS_URL = env.str("REDIS_URL", default="")
 # Prefix of every Redis key and channel this deployment uses (the channel layer's, per-key slots,
 # instance heartbeats): two deployments sharing one Redis never see each other's signals or slots.
 SPEECH_REDIS_PREFIX = env.str("SPEECH_REDIS_PREFIX", default="speech")
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "speech.layer.SpeechChannelLayer",
+    CHANNEL_LAYERS = {"default": {"BACKEND": "speech.control.layer.SpeechChannelLayer",
                                   "CONFIG": {"hosts": [REDIS_URL], "prefix": SPEECH_REDIS_PREFIX}}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from speech import api, playground, views
+from speech.web import api, playground, views
 
 urlpatterns = [
     path("", playground.page, name="playground"),
@@ -18,4 +18,4 @@ urlpatterns = [
     path("v1/audio/speech/sessions/<str:session_id>", api.session_terminate, name="session-terminate"),
 ]
 
-handler404 = "speech.api.not_found"
+handler404 = "speech.web.api.not_found"

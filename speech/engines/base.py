@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
+from ..stream.errors import QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
 from .pool import CURRENT, Ticket
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import audio
+from ..audio import signal as audio
 from .base import Capabilities, Engine, SynthesisRequest
 from .pool import SynthesisPool
 

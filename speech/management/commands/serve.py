@@ -3,7 +3,7 @@
 daphne's own frame limit defaults to 1 MiB, below the contract's 16 MiB session.config. It is set
 here from the settings: the largest allowed frame plus 1 MiB, so that a frame somewhat over a
 limit still reaches the application and gets the contract's error (4009) rather than a bare close.
-daphne runs in this process (speech.server), so SIGTERM stops it after sessions have been ended.
+daphne runs in this process (speech.web.server), so SIGTERM stops it after sessions have been ended.
 """
 
 import logging
@@ -41,7 +41,7 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
 
     def handle(self, *args, host, port, **options):
-        from speech.server import SpeechCommandLine  # installs Twisted's asyncio reactor
+        from speech.web.server import SpeechCommandLine  # installs Twisted's asyncio reactor
 
         logger.info("serving on ws://%s:%s/v1/audio/speech/stream (engine %s)", host, port, conf.ENGINE)
         SpeechCommandLine().run(daphne_args(host, port))

@@ -1,7 +1,7 @@
 """daphne, as `manage.py serve` runs it: the stock server with backpressure and a shutdown that works.
 
 Backpressure: each WebSocket's transport reports a full outgoing buffer to a FlowControl that the
-application finds in its scope (speech/flowcontrol.py).
+application finds in its scope (speech/web/flowcontrol.py).
 
 On SIGTERM daphne cancels every application before the reactor stops, so that sessions can end
 cleanly. Its own `kill_all_applications` indexes `details["application_instance"]`, which is
@@ -19,7 +19,7 @@ from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import defer
 
-from . import control
+from ..control import signals as control
 from .flowcontrol import SCOPE_KEY, FlowControl
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
 
 class SpeechServer(Server):
     def create_application(self, protocol, scope):
-        """Every WebSocket gets its backpressure signal (speech/flowcontrol.py) in its scope."""
+        """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope."""
         if scope["type"] == "websocket":
             scope[SCOPE_KEY] = FlowControl.attach(protocol)
             protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S

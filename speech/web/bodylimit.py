@@ -8,7 +8,7 @@ arrives; so the refusal happens here, from the header, before a byte of the body
 import json
 
 from .api import MULTIPART_SLACK, TOO_LARGE
-from .voices import MAX_UPLOAD_BYTES
+from ..voices import MAX_UPLOAD_BYTES
 
 UPLOAD_PATH = "/v1/audio/voices"
 

@@ -10,7 +10,7 @@ time to first audio with it. Everything else (the admin, its static files) keeps
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 
-from . import metrics
+from .. import metrics
 
 API_PREFIXES = ("/v1/", "/health", "/metrics")
 

@@ -1,10 +1,10 @@
 from django.http import HttpResponse, JsonResponse
 
 from . import health as readiness_checks
-from . import metrics as prometheus
+from .. import metrics as prometheus
 from .api import error
-from .conf import conf
-from .engines import get_engine
+from ..conf import conf
+from ..engines import get_engine
 
 
 def healthz(request):

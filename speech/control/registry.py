@@ -10,7 +10,7 @@ import socket
 from django.conf import settings
 from django.utils import timezone
 
-from .models import SessionRecord
+from ..models import SessionRecord
 
 
 def instance_id():
@@ -30,13 +30,13 @@ def closed(session_id, *, status, segments, bytes_sent, first_audio_s):
 
 def lost(record):
     """A session whose instance is gone (crashed, killed) without recording its end."""
-    SessionRecord.objects.filter(pk=record.pk, status=SessionRecord.ACTIVE).update(
-        status=SessionRecord.FAILED, ended_at=timezone.now())
+    SessionRecord.objects.filter(pk=record.pk, status=SessionRecord.Status.ACTIVE).update(
+        status=SessionRecord.Status.FAILED, ended_at=timezone.now())
 
 
 def live_session(session_id, api_key=None):
     """The active record, or None; with a key, only that key's sessions are visible."""
-    records = SessionRecord.objects.filter(session_id=session_id, status=SessionRecord.ACTIVE)
+    records = SessionRecord.objects.filter(session_id=session_id, status=SessionRecord.Status.ACTIVE)
     if api_key is not None:
         records = records.filter(api_key=api_key)
     return records.first()
@@ -48,5 +48,5 @@ def recorded(session_id):
 
 
 def sessions_using_voice(name):
-    return list(SessionRecord.objects.filter(voice__iexact=name, status=SessionRecord.ACTIVE)
+    return list(SessionRecord.objects.filter(voice__iexact=name, status=SessionRecord.Status.ACTIVE)
                 .values_list("session_id", flat=True))

@@ -12,14 +12,15 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import auth, control, metrics, registry, voices
-from .conf import conf
-from .engines import get_engine
-from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError, at_capacity
+from . import auth
+from ..control import signals as control, registry
+from .. import metrics, voices
+from ..conf import conf, stream_limits
+from ..engines import get_engine
+from ..stream.errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError, at_capacity
 from .flowcontrol import SCOPE_KEY
-from .protocol import Limits
-from .session import SpeechSession
-from .slots import Lease, get_slots
+from ..stream.session import SpeechSession
+from ..control.slots import Lease, get_slots
 
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         # Keys and slots are settled here, once: nothing touches the database per frame.
         await self.accept()
         self._open = True
-        self.session = SpeechSession(self, self.engine or get_engine(), Limits.from_settings(),
+        self.session = SpeechSession(self, self.engine or get_engine(), stream_limits(),
                                      find_voice=database_sync_to_async(voices.find_voice),
                                      on_configured=self._register)
         metrics.session_started(self.session)
@@ -168,7 +169,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             await self._send(text_data=self.encode_json(event))
 
     async def send_bytes(self, data):
-        """Audio waits while the client is not reading (speech/flowcontrol.py; absent in tests that
+        """Audio waits while the client is not reading (speech/web/flowcontrol.py; absent in tests that
         run the consumer without daphne)."""
         flow = self.scope.get(SCOPE_KEY)
         if flow is not None:

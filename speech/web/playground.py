@@ -1,7 +1,7 @@
 """The playground page at `/`: hear the server, interrupt it, watch its events (static ES modules,
 no build step, nothing from a CDN).
 
-It goes through Django's full middleware (speech/apihandler.py routes only `/v1/…` and `/healthz`
+It goes through Django's full middleware (speech/web/apihandler.py routes only `/v1/…` and `/healthz`
 around it) because a logged-in staff user gets WebSocket tokens from their session, without an
 API key: `POST /playground/token` is CSRF-protected and staff-only. Everyone else who needs a
 credential types a key into the page, which keeps it in memory only and trades it for tokens at
@@ -15,9 +15,9 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 from django.views.decorators.http import require_POST
 
 from . import auth
-from .conf import conf
-from .engines import get_engine
-from .models import ApiKey, Voice
+from ..conf import conf
+from ..engines import get_engine
+from ..models import ApiKey, Voice
 
 STAFF_KEY_NAME = "playground: {}"
 

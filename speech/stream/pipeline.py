@@ -8,7 +8,7 @@ audio.done) before anything of segment k+1. Sentence indexes are given when a se
 announced, so dropped segments never use one up.
 
 Delivery goes as fast as the client reads: the transport's `send_bytes` waits while the
-connection's outgoing buffer is full (speech/flowcontrol.py), so a client that stops reading holds
+connection's outgoing buffer is full (speech/web/flowcontrol.py), so a client that stops reading holds
 its session (delivery waits, synthesis stops after the look-ahead) without the server buffering
 more than one frame beyond the socket's buffers.
 """
@@ -23,12 +23,12 @@ from collections import deque
 
 import numpy as np
 
-from . import metrics
-from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
-from .engines import SynthesisRequest
-from .engines.pool import CURRENT, Ticket
+from .. import metrics
+from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
+from ..engines import SynthesisRequest
+from ..engines.pool import CURRENT, Ticket
 from .errors import SpeechError, bad_request, server_error
-from .transforms import Chain, plan_speed
+from ..audio.transforms import Chain, plan_speed
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Errors of the speech protocol: the exact `error` events and close codes (docs/protocol.md, Errors, Close codes)."""
 
-from . import metrics
+from .. import metrics
 
 # Close codes (docs/protocol.md, Close codes): 4000 + the RFC 6455 code they stand for.
 CLOSE_NORMAL = 1000

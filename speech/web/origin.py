@@ -9,7 +9,7 @@ refuse every client without an Origin, so this subclass changes just that case.
 from channels.security.websocket import OriginValidator
 from django.conf import settings
 
-from .conf import conf
+from ..conf import conf
 
 
 class SpeechOriginValidator(OriginValidator):

@@ -8,7 +8,7 @@ issued (so a cancel that was late cannot cut speech begun after it) and SignalsU
 Redis cannot be reached (the REST endpoints answer 503).
 
 Whether a session is live is the registry's answer (a row, written in the background right after the
-handshake, whose instance still beats its heartbeat: speech/layer.py), and in the first
+handshake, whose instance still beats its heartbeat: speech/control/layer.py), and in the first
 milliseconds, before that row exists, the group's membership in the layer.
 """
 
@@ -23,7 +23,7 @@ from channels.layers import get_channel_layer
 from .registry import instance_id
 
 CANCEL, TERMINATE = "cancel", "terminate"
-SESSION_ID = re.compile(r"speech_ws_[0-9a-f]{32}")  # speech/session.py new_session_id
+SESSION_ID = re.compile(r"speech_ws_[0-9a-f]{32}")  # speech/stream/session.py new_session_id
 STALE_S = 6.0  # a heartbeat older than this (3 missed beats) means the instance is gone
 
 

@@ -20,7 +20,7 @@ What the stock core layer does badly, and this subclass changes:
 The heartbeat (`<prefix>:instance:<instance id>`, renewed every BEAT_S) stays beside the layer
 because the layer cannot say whether the instance holding a session is still alive: a crashed
 process leaves its group memberships behind (they only expire after `group_expiry`). The REST
-endpoints read it (speech/control.py). Its previous value also tells when Redis lost its state.
+endpoints read it (speech/control/signals.py). Its previous value also tells when Redis lost its state.
 """
 
 from __future__ import annotations

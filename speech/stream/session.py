@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Protocol
 
-from . import metrics
+from .. import metrics
 from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -49,7 +49,10 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-OUTCOME_COMPLETED, OUTCOME_CANCELLED, OUTCOME_TERMINATED, OUTCOME_FAILED = "completed", "cancelled", "terminated", "failed"
+# How a session ended. A client that disconnects is stored and counted as "cancelled" (the session
+# registry's rows, the admin and the metric's label keep that value); "cancel" elsewhere is barge-in.
+OUTCOME_COMPLETED, OUTCOME_DISCONNECTED = "completed", "cancelled"
+OUTCOME_TERMINATED, OUTCOME_FAILED = "terminated", "failed"
 TERMINATED_MESSAGE = "speech session terminated by the server"
 
 
@@ -98,7 +101,7 @@ class SpeechSession:
 
     async def aclose(self):
         """The client disconnected (or the server is done): abort all work, send nothing more."""
-        self.outcome = self.outcome or OUTCOME_CANCELLED
+        self.outcome = self.outcome or OUTCOME_DISCONNECTED
         self.state = State.CLOSED
         self.closed.set()
         self._disarm()
@@ -140,7 +143,7 @@ class SpeechSession:
             await self._report(error)
             self._arm_idle()
 
-    # -- control signals (speech.cancel / speech.terminate, speech/control.py) ----------------------
+    # -- control signals (speech.cancel / speech.terminate, speech/control/signals.py) -------------
     async def handle_signal(self, message):
         """A cancel or terminate from the control plane, possibly sent from another instance.
 

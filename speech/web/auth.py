@@ -16,7 +16,7 @@ from urllib.parse import parse_qs
 
 from django.utils import timezone
 
-from .models import AccessToken, ApiKey
+from ..models import AccessToken, ApiKey
 
 TOKEN_TTL = timedelta(seconds=60)
 AUTH_FAILED = "Invalid or missing API key"

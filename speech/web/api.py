@@ -19,12 +19,15 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import auth, control, oneshot, protocol, registry, voices
-from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
-from .conf import conf
-from .engines import EngineBusy, get_engine
-from .errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
-from .models import Voice
+from . import auth
+from ..control import signals as control, registry
+from ..stream import oneshot, protocol
+from .. import voices
+from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
+from ..conf import conf
+from ..engines import EngineBusy, get_engine
+from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
+from ..models import Voice
 
 logger = logging.getLogger(__name__)
 

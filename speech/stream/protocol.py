@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .codecs import FORMATS, RAW_FORMATS, output_rate
-from .conf import conf
+from ..audio.codecs import FORMATS, RAW_FORMATS, output_rate
 from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError, fatal
 
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
@@ -66,17 +65,6 @@ class Limits:
     max_message_bytes: int
     max_pending_chars: int
     max_segment_chars: int
-
-    @classmethod
-    def from_settings(cls):
-        return cls(
-            config_timeout_s=conf.CONFIG_TIMEOUT_S,
-            idle_timeout_s=conf.IDLE_TIMEOUT_S,
-            max_config_bytes=conf.MAX_CONFIG_BYTES,
-            max_message_bytes=conf.MAX_MESSAGE_BYTES,
-            max_pending_chars=conf.MAX_PENDING_CHARS,
-            max_segment_chars=conf.MAX_SEGMENT_CHARS,
-        )
 
     def as_event(self):
         return {

@@ -13,7 +13,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from .audio import pcm16
+from .signal import pcm16
 
 RAW_FORMATS = ("pcm", "mulaw", "alaw")
 # format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (~130x real time, docs/engines.md)

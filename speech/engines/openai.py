@@ -25,8 +25,8 @@ from email.message import Message
 
 import httpx
 
-from .. import audio
-from ..errors import BAD_REQUEST, RATE_LIMIT
+from ..audio import signal as audio
+from ..stream.errors import BAD_REQUEST, RATE_LIMIT
 from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
 
 logger = logging.getLogger(__name__)
