@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from report import RESULTS, header, write_section  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
 import django  # noqa: E402
@@ -40,10 +41,10 @@ import django  # noqa: E402
 django.setup()
 
 from speech.audio.codecs import FORMATS, RAW_FORMATS, RawEncoder, encode_file, output_rate  # noqa: E402
+from speech.audio.transforms import Chain, plan_speed  # noqa: E402
 from speech.engines import SynthesisRequest  # noqa: E402
 from speech.engines.hibari import HibariEngine  # noqa: E402
 from speech.stream.protocol import SAMPLE_RATES  # noqa: E402
-from speech.audio.transforms import Chain, plan_speed  # noqa: E402
 
 SECTION = "## Encoding and resampling cost (bench/audio_cost.py)"
 TARGET_RATIO = 0.10

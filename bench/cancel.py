@@ -3,8 +3,8 @@
     .venv/bin/python bench/cancel.py [--trials 200] [--redis-url URL] [--no-write] [--strict]
 
 Starts a private `redis-server` (free port, no persistence; or uses --redis-url) and two daphne
-instances A and B (`manage.py serve`, tests/live.py) sharing it and a temp SQLite database, engine
-Hibari. Sessions live on A and are reused (their clients take 16 KiB a socket, see tests/live.py):
+instances A and B (`manage.py serve`, tests/support/live.py) sharing it and a temp SQLite database, engine
+Hibari. Sessions live on A and are reused (their clients take 16 KiB a socket, see tests/support/live.py):
 after every cancel the next trial speaks a new utterance on the same socket (new text after a cancel
 takes the next free sentence index).
 
@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 from report import RESULTS, header, write_section  # noqa: E402
 
-from tests.live import DaphneServer, configure, held, metric, open_session, recv_item, send_json  # noqa: E402
-from tests.test_redis_faults import RedisServer  # noqa: E402
+from tests.support.live import DaphneServer, configure, held, metric, open_session, recv_item, send_json  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 SECTION = "## Cancel latency (bench/cancel.py)"
 TARGET_FRAMES_AFTER = 1  # local: at most one audio frame sent after input.cancel (held regime, every trial)
@@ -145,7 +145,7 @@ async def local_trials(server, trials, rng):
             regime = "held" if trial % 2 == 0 else "burst"
             n = rng.randint(1, 8) if regime == "held" else rng.randint(1, 40)
             await sock.speak(utterance(trial, 12))
-            await sock.frames(lambda count, item: count >= n)
+            await sock.frames(lambda count, item, n=n: count >= n)
             if regime == "held":
                 await sock.until_held(server)
                 sent_before = await asyncio.to_thread(metric, server, AUDIO_SENT)
@@ -316,7 +316,8 @@ def main(argv=None):
     report_local = frames_table(local) + "\n\n" + table(local_rows)
     report_cross = table(cross_rows)
     verdict = (f"Verdict: local (held) at most {TARGET_FRAMES_AFTER} frame sent by the server after input.cancel in "
-               f"{within}/{len(held_trials)} trials, worst {worst_held} **{local_verdict}**; cross-instance p99 {cross_p99:.2f} ms "
+               f"{within}/{len(held_trials)} trials, worst {worst_held} **{local_verdict}**; "
+               f"cross-instance p99 {cross_p99:.2f} ms "
                f"(target < {TARGET_CROSS_P99_MS:g} ms) **{cross_verdict}**.")
     print()
     print(report_local)

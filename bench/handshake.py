@@ -30,11 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cancel import stats_ms, table  # noqa: E402
 from report import RESULTS, header, write_section  # noqa: E402
 
-from cancel import stats_ms, table  # noqa: E402
-from tests.live import DaphneServer, open_session  # noqa: E402
-from tests.test_redis_faults import RedisServer  # noqa: E402
+from tests.support.live import DaphneServer, open_session  # noqa: E402
+from tests.support.redis_server import RedisServer  # noqa: E402
 
 SECTION = "## Handshake and channel layer (bench/handshake.py)"
 CONFIG = json.dumps({"type": "session.config", "session": {"response_format": "pcm", "stream_audio": True}})

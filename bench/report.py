@@ -30,7 +30,7 @@ def machine_facts():
 def header(heading, command):
     """The first lines of a section: heading, date, machine, the command that made it."""
     facts = machine_facts()
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return [
         heading,
         "",

@@ -44,7 +44,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
 from report import header, write_section  # noqa: E402
 
-from tests.live import DaphneServer, open_session, recv_item  # noqa: E402
+from tests.support.live import DaphneServer, open_session, recv_item  # noqa: E402
 
 SECTION = "## Delivery and throughput (bench/throughput.py)"
 RATE = 24000

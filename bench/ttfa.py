@@ -3,7 +3,7 @@
     .venv/bin/python bench/ttfa.py [--sentences 50] [--port PORT] [--workers 2] [--repeat 1]
                                    [--no-write] [--strict]
 
-Starts its own daphne (`manage.py serve`, via tests/live.py). For every sentence:
+Starts its own daphne (`manage.py serve`, via tests/support/live.py). For every sentence:
 
 * socket TTFA: a fresh WebSocket session (one utterance per connection), session.config
   (stream_audio true, pcm), the sentence without its final mark as one input.text, then the mark
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from report import RESULTS, header, write_section  # noqa: E402
 
-from tests.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
+from tests.support.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
 
 SECTION = "## Time to first audio (bench/ttfa.py)"
 TARGET_P50_MS = 2.0

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/upstream.py [--sentences 30] [--repeat 5] [--workers 2] [--no-write]
 
-Starts two daphne processes (`manage.py serve`, via tests/live.py), each with its own SQLite file:
+Starts two daphne processes (`manage.py serve`, via tests/support/live.py), each with its own SQLite file:
 B with the embedded Hibari engine, then A with SPEECH_ENGINE=openai and SPEECH_UPSTREAM_URL set to
 B's /v1 (A learns B's voices at start-up). For every sentence, `repeat` rounds; each round opens a
 fresh WebSocket session on B directly and a fresh one on A (which asks B's `POST /v1/audio/speech`
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from report import RESULTS, header, write_section  # noqa: E402
 from ttfa import SENTENCES, split_final_mark  # noqa: E402
 
-from tests.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
+from tests.support.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
 
 SECTION = "## Upstream hop latency (bench/upstream.py)"
 SEED = 7

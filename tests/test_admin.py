@@ -13,12 +13,12 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.utils import formats, timezone
 
-from speech.web import auth
 from speech.admin import VoiceUploadForm
 from speech.models import ApiKey, Voice
 from speech.voices import create_voice
+from speech.web import auth
 
-from . import audio_samples as samples
+from .support import audio_samples as samples
 
 VOICE_LIST = "/admin/speech/voice/"
 VOICE_ADD = "/admin/speech/voice/add/"
@@ -266,7 +266,7 @@ def test_the_change_form_edits_metadata_but_not_the_name_or_the_audio(admin, med
 
 @pytest.mark.django_db
 def test_deactivate_and_activate_actions(admin, media):
-    a, b, c = stored("a1"), stored("b1"), stored("c1")
+    a, b, _ = stored("a1"), stored("b1"), stored("c1")
     response = admin.post(VOICE_LIST, {"action": "deactivate", "_selected_action": [a.pk, b.pk]}, follow=True)
     assert "2 voice(s) deactivated." in messages_of(response)
     assert dict(Voice.objects.values_list("name", "is_active")) == {"a1": False, "b1": False, "c1": True}

@@ -7,8 +7,8 @@ import wave
 import numpy as np
 import pytest
 
-from tests.browser import chromium, needs_chromium
-from tests.live import PROJECT_ROOT, PYTHON, DaphneServer
+from tests.support.browser import chromium, needs_chromium
+from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer
 
 pytestmark = needs_chromium
 PASSWORD = "a-long-test-password-1"

@@ -14,7 +14,7 @@ from django.test import AsyncClient, override_settings
 import speech.engines
 from speech.engines.fake import FakeEngine
 
-from .communicator import HANG_GUARD_S, PATH, application, event, output, send
+from .support.communicator import HANG_GUARD_S, PATH, application, event, output, send
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,10 +11,10 @@ import pytest
 from django.core.asgi import get_asgi_application
 from django.utils import timezone
 
-from speech.web.bodylimit import UploadLimit
 from speech.models import AccessToken, ApiKey, Voice
+from speech.web.bodylimit import UploadLimit
 
-from . import audio_samples as samples
+from .support import audio_samples as samples
 
 VOICES = "/v1/audio/voices"
 TOKENS = "/v1/audio/speech/tokens"

@@ -16,14 +16,14 @@ from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
 import speech.control.slots
-from speech.web import auth
+from speech.control.slots import LocalSlots
 from speech.engines.fake import FakeEngine
 from speech.models import AccessToken, ApiKey, Voice
-from speech.control.slots import LocalSlots
 from speech.voices import create_voice
+from speech.web import auth
 
-from . import audio_samples as samples
-from .communicator import HANG_GUARD_S, PATH, application, event, output, send
+from .support import audio_samples as samples
+from .support.communicator import HANG_GUARD_S, PATH, application, event, output, send
 
 # reserved_names() asks the process engine: a FakeEngine (conftest), so no model is loaded.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("process_engine")]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.live import (
+from tests.support.live import (
     audio_past,
     collect,
     configure,

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.live import PROJECT_ROOT, PYTHON, free_port, serving, wait_for
-from tests.speech_check import assert_heard, pcm16_to_float
+from tests.support.live import PROJECT_ROOT, PYTHON, free_port, serving, wait_for
+from tests.support.speech_check import assert_heard, pcm16_to_float
 
 TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. Then it runs into the forest."
 LONG = " ".join(f"This is sentence number {n}, and it goes on for a little while." for n in range(1, 31))

@@ -1,4 +1,4 @@
-"""speech.audio.codecs against independent decoders (tests/decoders.py).
+"""speech.audio.codecs against independent decoders (tests/support/decoders.py).
 
 Every file format at every contract rate must decode, with a decoder that is not the product's
 FFmpeg wherever one exists, to mono audio at the rate the client is told (`output_rate`: opus is
@@ -27,13 +27,13 @@ import pytest
 import soxr
 
 from speech.audio import codecs
-from speech.audio.signal import pcm16
 from speech.audio.codecs import FILE_FORMATS, RAW_FORMATS, EncodingError, RawEncoder, encode_file, output_rate
+from speech.audio.signal import pcm16
 from speech.engines.fake import FakeEngine
 from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S
 from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 
-from .decoders import (
+from .support.decoders import (
     best_lag,
     chunked,
     decode_file,
@@ -48,7 +48,7 @@ from .decoders import (
     tone_frequency,
     wav_ints,
 )
-from .recorder import check_segment_order
+from .support.recorder import check_segment_order
 
 LENGTH_TOLERANCE = {"wav": (0, 0), "flac": (0, 0), "mp3": (-1152, 1152), "opus": (0, 0), "aac": (1024, 2048)}
 AAC_PRIMING = 1024

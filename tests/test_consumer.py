@@ -15,7 +15,7 @@ from django.test import override_settings
 
 from speech.engines.fake import FakeEngine
 
-from .communicator import HANG_GUARD_S, PATH, application, event, output, send
+from .support.communicator import HANG_GUARD_S, PATH, application, event, output, send
 
 # The handshake looks uploaded voices up in the database (from the consumer's DB thread).
 pytestmark = pytest.mark.django_db(transaction=True)

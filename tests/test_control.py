@@ -1,7 +1,7 @@
 """Control signals in-process: the channel layer (speech/control/layer.py, speech/control/signals.py) and a session's
 `handle_signal`.
 
-* SpeechChannelLayer against a private `redis-server` (tests/test_redis_faults.py RedisServer) that the
+* SpeechChannelLayer against a private `redis-server` (tests/support/redis_server.py) that the
   tests kill and restart: delivery to the session's group only, `receive` outliving Redis (one warning
   when it goes, one line when it is back, no traceback), groups joined again after Redis restarted
   empty, a join while Redis is away, SignalsUnavailable from `control.send`, and two prefixes
@@ -27,8 +27,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from speech.control import signals as control
-from speech.engines.fake import FakeEngine
 from speech.control.layer import SpeechChannelLayer
+from speech.control.slots import RedisSlots
+from speech.engines.fake import FakeEngine
 from speech.stream.session import (
     OUTCOME_COMPLETED,
     OUTCOME_DISCONNECTED,
@@ -36,11 +37,10 @@ from speech.stream.session import (
     OUTCOME_TERMINATED,
     TERMINATED_MESSAGE,
 )
-from speech.control.slots import RedisSlots
 
-from .communicator import HANG_GUARD_S, PATH, application, event, send
 from .conftest import CHUNK_BYTES, limits, other_tasks
-from .test_redis_faults import RedisServer
+from .support.communicator import HANG_GUARD_S, PATH, application, event, send
+from .support.redis_server import RedisServer
 
 WAIT_S = 20.0  # bound on waiting for a layer to notice Redis came back (backoff caps at 2 s)
 

@@ -1,7 +1,7 @@
-"""The control plane across real processes: daphne A and B (`manage.py serve`, tests/live.py) sharing one
+"""The control plane across real processes: daphne A and B (`manage.py serve`, tests/support/live.py) sharing one
 SQLite database (a temp file, migrated once) and one Redis, with the real Hibari engine.
 
-The Redis is a private `redis-server` on a free port (tests/test_redis_faults.py RedisServer), so
+The Redis is a private `redis-server` on a free port (tests/support/redis_server.py), so
 that nothing else on the machine's shared Redis can disturb (or count in) the channel layer's groups.
 
 Sessions run on A; the REST control endpoints (docs/protocol.md, REST endpoints) are called on B; the registry is read
@@ -33,23 +33,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.audio_samples import wav_bytes
-from tests.test_redis_faults import RedisServer
-from tests.live import (
+from tests.support.audio_samples import wav_bytes
+from tests.support.live import (
     PROJECT_ROOT,
     PYTHON,
     DaphneServer,
+    audio_past,
     collect,
     configure,
-    is_event,
-    audio_past,
     held,
+    is_event,
     open_session,
     run_session,
     segments_of,
     send_json,
     wait_for,
 )
+from tests.support.redis_server import RedisServer
 
 RATE = 24000
 POLL_S = 30.0  # hang guard of the polling loops
@@ -66,7 +66,8 @@ class Cluster:
         self.db = self.dir / "db.sqlite3"
         self.tag = uuid.uuid4().hex[:8]
         self.env = {
-            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{self.db}",
+            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url,
+            "DATABASE_URL": f"sqlite:///{self.db}",
             "MEDIA_ROOT": str(self.dir / "media"),
         }
         self.servers = []

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from . import audio_samples as samples
-from .deploy import DOCKER, Nginx, PostgresDatabase, dockerfile, http, local_environment
-from .live import (
+from .support import audio_samples as samples
+from .support.deploy import DOCKER, Nginx, PostgresDatabase, dockerfile, http, local_environment
+from .support.live import (
     PROJECT_ROOT,
     DaphneServer,
     collect,
@@ -38,8 +38,8 @@ from .live import (
     send_json,
     wait_for,
 )
-from .test_redis_faults import RedisServer
-from .upstream_standin import StandIn
+from .support.redis_server import RedisServer
+from .support.upstream_standin import StandIn
 
 pytestmark = pytest.mark.deploy
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .deploy import DOCKER, NGINX_TEMPLATE, Nginx, dockerfile, render_template
-from .live import PROJECT_ROOT
+from .support.deploy import DOCKER, NGINX_TEMPLATE, Nginx, dockerfile, render_template
+from .support.live import PROJECT_ROOT
 
 WEB = ("web-a", "web-b")
 

@@ -5,7 +5,7 @@ hold no traceback. Every session sets `seed`, so Hibari's output is the same eac
 session at the same rate is the reference the other formats are compared with.
 
 * each format, non-streamed, at 24000 and 8000 Hz (opus: 48000 whatever is asked): every segment is
-  one binary frame, decoded on its own by an independent decoder (tests/decoders.py) at the rate
+  one binary frame, decoded on its own by an independent decoder (tests/support/decoders.py) at the rate
   audio.start announced, of plausible duration and loudness, and the same audio as pcm (bit-exact
   for wav/flac, within G.711's quantisation for mulaw/alaw, correlation > 0.95 and level within
   1 dB for mp3/opus/aac);
@@ -22,10 +22,10 @@ import pytest
 from scipy.signal import resample_poly
 
 from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S
-from tests.live import run_session, segments_of, serving
-from tests.speech_check import WHISPER_RATE, normalise, transcribe, wer
+from tests.support.live import run_session, segments_of, serving
+from tests.support.speech_check import WHISPER_RATE, normalise, transcribe, wer
 
-from .decoders import (
+from .support.decoders import (
     best_lag,
     decode_file,
     decode_raw,

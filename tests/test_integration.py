@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.live import (
+from tests.support.live import (
     PROJECT_ROOT,
     PYTHON,
     DaphneServer,
@@ -33,7 +33,7 @@ from tests.live import (
     send_json,
     serving,
 )
-from tests.speech_check import pcm16_to_float, rms
+from tests.support.speech_check import pcm16_to_float, rms
 
 RATE = 24000
 # The real engine and the contract's defaults, whatever the caller's environment says.

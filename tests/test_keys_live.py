@@ -17,8 +17,8 @@ import tempfile
 import time
 import types
 import urllib.error
-import uuid
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -26,8 +26,8 @@ import redis
 
 import speech.control.slots
 from speech.control.slots import _ACQUIRE, LEASE_S, RedisSlots
-from tests import audio_samples as samples
-from tests.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session, wait_for
+from tests.support import audio_samples as samples
+from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session, wait_for
 
 REDIS_DB = 11  # this module's Redis database; only the keys it creates are touched, and deleted at the end
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"

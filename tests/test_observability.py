@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from speech import logcontext, metrics
 from speech.engines.fake import FakeEngine
 
-from .deploy import http
-from .live import (
+from .support.deploy import http
+from .support.live import (
     DaphneServer,
     collect,
     configure,
@@ -31,7 +31,7 @@ from .live import (
     serving,
     wait_for,
 )
-from .test_redis_faults import RedisServer
+from .support.redis_server import RedisServer
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
 LONG_TEXT = " ".join(f"Sentence {i} of an answer that will be interrupted." for i in range(40)) + " "

@@ -12,7 +12,8 @@ from speech.stream.pipeline import LOOKAHEAD, Pipeline
 from speech.stream.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
-from .recorder import Recorder, check_segment_order
+from .support.recorder import Recorder, check_segment_order
+
 
 async def guard(awaitable):
     """A hang guard only: a regression fails in 5 s instead of hanging the run."""

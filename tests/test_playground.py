@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from speech.web import auth
 from speech.models import ApiKey
+from speech.web import auth
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("process_engine")]
 

@@ -10,9 +10,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.browser import chromium, needs_chromium
-from tests.live import PROJECT_ROOT, PYTHON, serving, wait_for
-from tests.speech_check import assert_heard
+from tests.support.browser import chromium, needs_chromium
+from tests.support.live import PROJECT_ROOT, PYTHON, serving, wait_for
+from tests.support.speech_check import assert_heard
 
 pytestmark = needs_chromium
 SCREENSHOT = PROJECT_ROOT / "docs" / "playground.png"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.live import PROJECT_ROOT, DaphneServer
+from tests.support.live import PROJECT_ROOT, DaphneServer
 
 
 def readme_client_code():

@@ -9,7 +9,7 @@ traceback. When Redis is back on the same port, signals flow again without resta
 The machine's own Redis (127.0.0.1:6379) is never touched. Polling loops are bounded and only wait
 for the servers to reconnect; every other wait is a hang guard.
 
-`RedisServer` is reused by tests/test_control_live.py, tests/test_control.py and bench/cancel.py.
+`RedisServer` is in tests/support/redis_server.py.
 """
 
 from __future__ import annotations
@@ -17,21 +17,17 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-import redis
 
-from tests.live import (
+from tests.support.live import (
     DaphneServer,
     audio_past,
     collect,
     configure,
-    free_port,
     held,
     is_event,
     open_session,
@@ -40,78 +36,7 @@ from tests.live import (
     send_json,
     wait_for,
 )
-
-REDIS_START_S = 20.0  # hang guards
-
-
-class RedisServer:
-    """`redis-server` on a free local port, in the foreground of a subprocess: start, kill, restart."""
-
-    def __init__(self, port=None):
-        self.port = port or free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="redis-test-"))
-        self.proc = None
-
-    def url(self, db=0):
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def client(self):
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=1, socket_timeout=5)
-
-    def start(self):
-        assert self.proc is None or self.proc.poll() is not None, "already running"
-        log = open(self.dir / "redis.log", "ab")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
-        deadline = time.monotonic() + REDIS_START_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {self.log()[-2000:]}")
-            try:
-                with self.client() as client:
-                    if client.ping():
-                        return self
-            except redis.RedisError:
-                time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"redis-server did not answer on port {self.port}: {self.log()[-2000:]}")
-
-    def kill(self):
-        """SIGKILL: the abrupt end of Redis (connections reset, nothing flushed)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def group_members(self, session_id, db=0, prefix="speech"):
-        """Channels in the session's channel-layer group (its consumer joins it; speech/control/layer.py)."""
-        with redis.Redis(host="127.0.0.1", port=self.port, db=db, socket_connect_timeout=1) as client:
-            return client.zcard(f"{prefix}:group:speech.session.{session_id}")
-
-    def has_key(self, key, db=0):
-        with redis.Redis(host="127.0.0.1", port=self.port, db=db, socket_connect_timeout=1) as client:
-            return bool(client.exists(key))
-
-    def log(self):
-        path = self.dir / "redis.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def cleanup(self):
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc_info):
-        self.cleanup()
-        return False
-
+from tests.support.redis_server import RedisServer
 
 # -- the module's servers -------------------------------------------------------------------------------
 
@@ -126,7 +51,8 @@ class Setup:
         self.redis = redis_server
         self.dir = Path(tempfile.mkdtemp(prefix="redis-faults-"))
         self.db = self.dir / "db.sqlite3"
-        self.env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "REDIS_URL": redis_server.url(3), "DATABASE_URL": f"sqlite:///{self.db}",
+        self.env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "REDIS_URL": redis_server.url(3),
+                    "DATABASE_URL": f"sqlite:///{self.db}",
                     "MEDIA_ROOT": str(self.dir / "media")}
         self.servers = []
 

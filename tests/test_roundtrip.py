@@ -12,8 +12,8 @@ import wave
 import numpy as np
 import pytest
 
-from tests.live import run_session, segments_of, serving
-from tests.speech_check import assert_heard, normalise, pcm16_to_float, transcribe, wer
+from tests.support.live import run_session, segments_of, serving
+from tests.support.speech_check import assert_heard, normalise, pcm16_to_float, transcribe, wer
 
 RATE = 24000
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "I have 3 apples.", "It is raining in Paris today."]

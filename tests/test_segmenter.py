@@ -313,7 +313,7 @@ MIXED_CJK = (
     "你好。世界！「真的？」他说，「是的。」『好！』【注意。】（括号。）甲、乙；丙：丁\n\n"
     "Hello 你好。OK. 。。好？！“引号。”结束"
 )
-LONG_PLAIN = " ".join("word%d" % (i % 37) for i in range(150))  # over 900 characters, no punctuation
+LONG_PLAIN = " ".join(f"word{i % 37}" for i in range(150))  # over 900 characters, no punctuation
 EDGES = (
     "x" * 430 + ". " + "y" * 20 + "\n" + " " * 30 + "\nz 3. 14 Ms.\t" + "好" * 15 + "，" + "好" * 5
     + " ... " + "!" * 12 + "\n\n\n a,b , c" + "." * 5

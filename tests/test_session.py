@@ -22,7 +22,7 @@ from speech.engines import EngineBusy
 from speech.engines.fake import FakeEngine
 
 from .conftest import CHUNK_BYTES, LIMITS, SESSION_ID_RE, dumps, limits, other_tasks
-from .recorder import check_segment_order
+from .support.recorder import check_segment_order
 
 TINY = 0.05  # s: the only real waits are for timeouts this short
 
@@ -765,7 +765,7 @@ async def test_engine_that_yields_only_empty_chunks(speech, stream):
 
 
 async def test_delivery_failure_is_an_internal_error(speech):
-    from .recorder import Recorder
+    from .support.recorder import Recorder
 
     class BrokenSocket(Recorder):
         async def send_bytes(self, data):

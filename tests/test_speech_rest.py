@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.live import serving
-from tests.speech_check import pcm16_to_float, rms, transcribe, wer
+from tests.support.live import serving
+from tests.support.speech_check import pcm16_to_float, rms, transcribe, wer
 
 TEXT = "Hello there. I have 3 apples and a green pear."
 

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import soxr
 
-from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 from speech.audio.transforms import ATEMPO_MIN, Chain, Resampler, TimeStretch, plan_speed
+from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 
-from .decoders import (
+from .support.decoders import (
     autocorr_f0,
     chunked,
     harmonic,
@@ -206,7 +206,7 @@ def test_chain_flush_passes_the_stretch_tail_through_the_resampler():
     assert tail.size > 0
 
 
-# -- the measuring tools themselves (tests/decoders.py), so the checks above and the live ones can be trusted
+# -- the measuring tools themselves (tests/support/decoders.py), so the checks above and the live ones can be trusted
 
 @pytest.mark.parametrize("f0", [90.0, 150.0, 210.0, 320.0])
 def test_f0_estimators_find_the_fundamental(f0):

@@ -2,7 +2,7 @@
 
 A's engine speaks to B's `POST /v1/audio/speech` (`response_format: "pcm"`, `stream_format:
 "audio"`, raw s16le streamed back) and learned B's voices from `GET /v1/audio/voices` at start-up.
-Both are real `manage.py serve` processes on their own ports and SQLite files (tests/live.py).
+Both are real `manage.py serve` processes on their own ports and SQLite files (tests/support/live.py).
 
 * One module-scoped pair serves the session tests: streamed round trip through Whisper, the same
   text straight on B (same duration; sample for sample), a file format, `instructions` refused by
@@ -25,8 +25,8 @@ import signal
 import numpy as np
 import pytest
 
-from tests.decoders import decode_file
-from tests.live import (
+from tests.support.decoders import decode_file
+from tests.support.live import (
     DaphneServer,
     collect,
     configure,
@@ -39,7 +39,7 @@ from tests.live import (
     send_json,
     serving,
 )
-from tests.speech_check import assert_heard, normalise, pcm16_to_float, rms
+from tests.support.speech_check import assert_heard, normalise, pcm16_to_float, rms
 
 RATE = 24000
 SEED = 7
@@ -387,7 +387,7 @@ async def test_upstream_gone(fragile, how):
         result = await run_session(a.ws_url, CONFIG, ["Is anyone there? "])
         assert result.configured["engine"] == "openai"
         unreachable = f"upstream speech server at {b.http_url}/v1 is unreachable"
-        check_failed_segment(result, lambda m: m.startswith(unreachable))
+        check_failed_segment(result, lambda m, unreachable=unreachable: m.startswith(unreachable))
 
 
 async def test_upstream_frozen_then_back(fragile):

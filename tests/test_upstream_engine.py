@@ -24,8 +24,8 @@ from speech.stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SE
 from speech.stream.protocol import resolve_config
 from speech.voices import ReferenceVoice
 
-from .audio_samples import good
-from .upstream_standin import Reply, StandIn, error_reply, pcm
+from .support.audio_samples import good
+from .support.upstream_standin import Reply, StandIn, error_reply, pcm
 
 GUARD_S = 30  # hang guard, not a timing assertion
 TONE = pcm()  # 0.2 s at 24 kHz: 9600 bytes

@@ -1,5 +1,5 @@
-"""The `openai` engine end to end: real daphne processes (`manage.py serve`, tests/live.py) whose
-SPEECH_UPSTREAM_URL points at the loopback stand-in (tests/upstream_standin.py), real sockets both ways.
+"""The `openai` engine end to end: real daphne processes (`manage.py serve`, tests/support/live.py) whose
+SPEECH_UPSTREAM_URL points at the loopback stand-in (tests/support/upstream_standin.py), real sockets both ways.
 
 Servers (module-scoped, each stopped with SIGTERM at the end: exit 0, no traceback):
   main      the stand-in `up`, SPEECH_UPSTREAM_VOICES=alpha,beta, an API key, a model, no retries
@@ -30,10 +30,23 @@ import wave
 import numpy as np
 import pytest
 
-from tests.audio_samples import CONTENT_TYPES, NAMES, good
-from tests.live import (PROJECT_ROOT, PYTHON, DaphneServer, SessionResult, collect, configure, free_port, is_event,
-                        open_session, port_accepts, segments_of, send_json, serving)
-from tests.upstream_standin import Reply, StandIn, error_reply, pcm
+from tests.support.audio_samples import CONTENT_TYPES, NAMES, good
+from tests.support.live import (
+    PROJECT_ROOT,
+    PYTHON,
+    DaphneServer,
+    SessionResult,
+    collect,
+    configure,
+    free_port,
+    is_event,
+    open_session,
+    port_accepts,
+    segments_of,
+    send_json,
+    serving,
+)
+from tests.support.upstream_standin import Reply, StandIn, error_reply, pcm
 
 RATE = 24000
 KEY = "sk-upstream-test-key"
@@ -585,7 +598,7 @@ async def leak_candidates(srv, standin):
                 assert (await collect(ws, until=is_event("input.cancelled"))).close_code is None
         finally:
             await ws.close()
-        await standin.reached(lambda: standin.disconnects == before + 1)
+        await standin.reached(lambda before=before: standin.disconnects == before + 1)
 
 
 async def test_zz_no_upstream_connection_outlives_its_use_or_the_server(main, up):

@@ -16,7 +16,7 @@ from speech import voices
 from speech.models import Voice
 from speech.voices import VoiceError, check_claims, check_name, create_voice, delete_voice, find_voice, inspect_audio
 
-from . import audio_samples as samples
+from .support import audio_samples as samples
 
 STORED_NAME = re.compile(r"^voices/[0-9a-f]{32}\.(wav|flac|mp3|ogg|m4a|webm)$")
 

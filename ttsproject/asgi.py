@@ -1,7 +1,8 @@
 """ASGI entry point: `daphne ttsproject.asgi:application` from the project root.
 
-HTTP goes to Django (the API's paths without the browser middleware, speech/web/apihandler.py); WebSocket goes through the Origin policy to the speech consumer. The
-engine is built and warmed up here, before daphne listens, so the first client pays nothing.
+HTTP goes to Django (the API's paths without the browser middleware, speech/web/apihandler.py);
+WebSocket goes through the Origin policy to the speech consumer. The engine
+is built and warmed up here, before daphne listens, so the first client pays nothing.
 """
 
 import asyncio

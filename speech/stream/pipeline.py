@@ -239,8 +239,8 @@ class Pipeline:
             at = max(1, int(self.rate * FIRST_FRAME_S)) * width
             await self._send_audio(job, data[:at], at / width / self.rate)
         step = max(1, int(self.rate * FRAME_S)) * width
-        for at in range(at, len(data), step):
-            frame = data[at: at + step]
+        for offset in range(at, len(data), step):
+            frame = data[offset: offset + step]
             await self._send_audio(job, frame, len(frame) / width / self.rate)
 
     async def _done(self, job, *, error, cancelled):

@@ -24,14 +24,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 WS_PATH = "/v1/audio/speech/stream"
 

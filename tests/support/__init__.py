@@ -1,0 +1,1 @@
+"""Helpers shared by the test modules (servers, recorders, decoders, samples); no tests here."""
