@@ -1,5 +1,7 @@
 # make run  : venv, install, migrate, then daphne on $(HOST):$(PORT) in the foreground.
 # make test : the same set-up, then the whole suite (python manage.py test -> pytest).
+# make test-fast: only the in-process tier (no live server, Whisper, browser or deployment), under a minute.
+# make lint : ruff (lint) and mypy, configured in pyproject.toml; no network beyond pip.
 # make bench: the benchmarks in bench/, which write bench/RESULTS.md.
 
 HOST ?= 127.0.0.1
@@ -9,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export HOST PORT
 
-.PHONY: run test bench install install-dev system-test-deps migrate clean
+.PHONY: run test test-fast lint bench install install-dev system-test-deps migrate clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +46,14 @@ run: migrate
 
 test: install-dev migrate
 	$(PY) manage.py test
+
+# The tiers are pytest markers (pytest.ini); tests/conftest.py refuses a module in the wrong tier.
+test-fast: $(VENV)/.installed-dev migrate
+	$(PY) -m pytest -q -m "not live and not heavy and not deploy"
+
+lint: $(VENV)/.installed-dev
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 bench: install-dev migrate
 	$(PY) bench/ttfa.py --repeat 5

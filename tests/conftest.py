@@ -7,7 +7,8 @@
         ...
         await s.finish()        # aclose + no task left + engine.running == 0
 
-Nothing here is autouse: other test modules in this folder are unaffected.
+Nothing here is autouse: other test modules in this folder are unaffected. The collection hook at the
+end checks every module's tier markers (tests/support/tiers.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from speech.engines.fake import FakeEngine
 from speech.stream.protocol import Limits
 from speech.stream.session import SpeechSession
 
+from .support import tiers
 from .support.recorder import HANG_GUARD_S, Recorder
 
 SESSION_ID_RE = re.compile(r"^speech_ws_[0-9a-f]{32}$")
@@ -142,3 +144,19 @@ def whisper():
     from tests.support.speech_check import load_whisper
 
     return load_whisper()
+
+
+def pytest_collection_modifyitems(config, items):
+    """A module that starts servers without `live` (or uses Whisper / a browser without `heavy`) would
+    slip into `make test-fast`: refuse the whole run, naming the module."""
+    markers_of = {}
+    for item in items:
+        module = item.getparent(pytest.Module)
+        if module is not None:
+            markers_of.setdefault(module, set()).update(mark.name for mark in item.iter_markers())
+    wrong = []
+    for module, markers in markers_of.items():
+        for problem in tiers.problems(module.path.read_text(), markers):
+            wrong.append(f"{module.path.name} {problem}")
+    if wrong:
+        raise pytest.UsageError("test tiers (tests/support/tiers.py):\n  " + "\n  ".join(wrong))

@@ -10,7 +10,7 @@ import pytest
 from tests.support.browser import chromium, needs_chromium
 from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer
 
-pytestmark = needs_chromium
+pytestmark = [pytest.mark.live, pytest.mark.heavy, needs_chromium]
 PASSWORD = "a-long-test-password-1"
 SECONDS = 2.0
 

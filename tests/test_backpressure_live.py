@@ -28,6 +28,8 @@ from tests.support.live import (
     wait_for,
 )
 
+pytestmark = pytest.mark.live
+
 RATE = 24000
 SEED = 11
 CONFIG = {"response_format": "pcm", "stream_audio": True, "seed": SEED}

@@ -17,6 +17,8 @@ import soundfile
 from tests.support.live import PROJECT_ROOT, PYTHON, free_port, serving, wait_for
 from tests.support.speech_check import assert_heard, pcm16_to_float
 
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
+
 TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. Then it runs into the forest."
 LONG = " ".join(f"This is sentence number {n}, and it goes on for a little while." for n in range(1, 31))
 RUN_TIMEOUT_S = 120  # hang guard

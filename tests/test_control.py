@@ -42,6 +42,8 @@ from .conftest import CHUNK_BYTES, limits, other_tasks
 from .support.communicator import HANG_GUARD_S, PATH, application, event, send
 from .support.redis_server import RedisServer
 
+pytestmark = pytest.mark.live
+
 WAIT_S = 20.0  # bound on waiting for a layer to notice Redis came back (backoff caps at 2 s)
 
 

@@ -51,6 +51,8 @@ from tests.support.live import (
 )
 from tests.support.redis_server import RedisServer
 
+pytestmark = pytest.mark.live
+
 RATE = 24000
 POLL_S = 30.0  # hang guard of the polling loops
 TERMINATED = "speech session terminated by the server"

@@ -41,7 +41,7 @@ from .support.live import (
 from .support.redis_server import RedisServer
 from .support.upstream_standin import StandIn
 
-pytestmark = pytest.mark.deploy
+pytestmark = [pytest.mark.live, pytest.mark.deploy]
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
 LONG_TEXT = " ".join(f"Sentence {i} of a long answer, spoken while the test does its part." for i in range(40)) + " "

@@ -36,6 +36,8 @@ from .support.decoders import (
     sound_duration,
 )
 
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
+
 SEED = 7
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "It is raining in Paris today."]
 FORMATS = ("aac", "alaw", "flac", "mp3", "mulaw", "opus", "pcm", "wav")

@@ -35,6 +35,8 @@ from tests.support.live import (
 )
 from tests.support.speech_check import pcm16_to_float, rms
 
+pytestmark = pytest.mark.live
+
 RATE = 24000
 # The real engine and the contract's defaults, whatever the caller's environment says.
 SERVER_ENV = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",

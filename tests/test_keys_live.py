@@ -29,6 +29,8 @@ from speech.control.slots import _ACQUIRE, LEASE_S, RedisSlots
 from tests.support import audio_samples as samples
 from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session, wait_for
 
+pytestmark = pytest.mark.live
+
 REDIS_DB = 11  # this module's Redis database; only the keys it creates are touched, and deleted at the end
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
 LIMIT = 2

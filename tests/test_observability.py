@@ -33,6 +33,8 @@ from .support.live import (
 )
 from .support.redis_server import RedisServer
 
+pytestmark = pytest.mark.live
+
 CONFIG = {"response_format": "pcm", "stream_audio": True}
 LONG_TEXT = " ".join(f"Sentence {i} of an answer that will be interrupted." for i in range(40)) + " "
 

@@ -14,7 +14,7 @@ from tests.support.browser import chromium, needs_chromium
 from tests.support.live import PROJECT_ROOT, PYTHON, serving, wait_for
 from tests.support.speech_check import assert_heard
 
-pytestmark = needs_chromium
+pytestmark = [pytest.mark.live, pytest.mark.heavy, needs_chromium]
 SCREENSHOT = PROJECT_ROOT / "docs" / "playground.png"
 TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. Then it runs into the forest."
 LONG = " ".join(f"This is sentence number {n}, and it goes on for a little while." for n in range(1, 13))

@@ -7,8 +7,11 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.support.live import PROJECT_ROOT, DaphneServer
+
+pytestmark = pytest.mark.live
 
 
 def readme_client_code():

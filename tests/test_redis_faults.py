@@ -38,6 +38,8 @@ from tests.support.live import (
 )
 from tests.support.redis_server import RedisServer
 
+pytestmark = pytest.mark.live
+
 # -- the module's servers -------------------------------------------------------------------------------
 
 RATE = 24000

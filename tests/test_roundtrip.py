@@ -15,6 +15,8 @@ import pytest
 from tests.support.live import run_session, segments_of, serving
 from tests.support.speech_check import assert_heard, normalise, pcm16_to_float, transcribe, wer
 
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
+
 RATE = 24000
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "I have 3 apples.", "It is raining in Paris today."]
 

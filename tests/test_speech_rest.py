@@ -12,6 +12,8 @@ import soundfile
 from tests.support.live import serving
 from tests.support.speech_check import pcm16_to_float, rms, transcribe, wer
 
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
+
 TEXT = "Hello there. I have 3 apples and a green pear."
 
 

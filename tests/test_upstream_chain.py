@@ -41,6 +41,8 @@ from tests.support.live import (
 )
 from tests.support.speech_check import assert_heard, normalise, pcm16_to_float, rms
 
+pytestmark = [pytest.mark.live, pytest.mark.heavy]
+
 RATE = 24000
 SEED = 7
 SESSION_ID_RE = re.compile(r"^speech_ws_[0-9a-f]{32}$")

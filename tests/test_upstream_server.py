@@ -48,6 +48,8 @@ from tests.support.live import (
 )
 from tests.support.upstream_standin import Reply, StandIn, error_reply, pcm
 
+pytestmark = pytest.mark.live
+
 RATE = 24000
 KEY = "sk-upstream-test-key"
 MODEL = "up-model"
