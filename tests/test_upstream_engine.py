@@ -1,4 +1,6 @@
-"""speech.engines.openai.OpenAIEngine against the loopback stand-in upstream (real sockets, real httpx).
+"""speech.engines.openai.OpenAIEngine against its upstream: request bodies and the mapping of statuses and
+response headers through an httpx.MockTransport (tests/support/upstream_mock.py); retries, timeouts, broken
+streams, garbage and connection reuse against the loopback stand-in (real sockets, real httpx).
 
 Nothing sleeps to wait for an outcome: every await has a hang guard (GUARD_S) that only turns a hang
 into a failure, and the stand-in's counters are awaited with `StandIn.reached()` (its own bounded
@@ -25,6 +27,7 @@ from speech.stream.protocol import resolve_config
 from speech.voices import ReferenceVoice
 
 from .support.audio_samples import good
+from .support.upstream_mock import MockUpstream
 from .support.upstream_standin import Reply, StandIn, error_reply, pcm
 
 GUARD_S = 30  # hang guard, not a timing assertion
@@ -73,8 +76,15 @@ def closed_port_url():
 
 @pytest.fixture
 def up():
+    """The loopback stand-in: real sockets, for the faults only a socket shows."""
     with StandIn() as standin:
         yield standin
+
+
+@pytest.fixture
+def mock():
+    """The upstream as an httpx.MockTransport: request bodies, statuses and headers."""
+    return MockUpstream()
 
 
 @pytest.fixture
@@ -82,6 +92,8 @@ async def engines():
     made = []
 
     def make(url, **kwargs):
+        if isinstance(url, MockUpstream):  # engines(mock): that upstream, through its transport
+            url, kwargs["transport"] = url.url, url.transport
         engine = OpenAIEngine(url=url, **kwargs)
         made.append(engine)
         return engine
@@ -93,38 +105,38 @@ async def engines():
 
 # 1. Request body and headers
 
-async def test_body_has_input_pcm_and_audio_stream_and_no_model_or_voice_by_default(up, engines):
-    assert np.array_equal(await audio(engines(up.url), req("Hi.")), samples(TONE))
-    (sent,) = up.requests
+async def test_body_has_input_pcm_and_audio_stream_and_no_model_or_voice_by_default(mock, engines):
+    assert np.array_equal(await audio(engines(mock), req("Hi.")), samples(TONE))
+    (sent,) = mock.requests
     assert (sent.method, sent.path) == ("POST", "/v1/audio/speech")
     assert sent.json == {"input": "Hi.", "response_format": "pcm", "stream_format": "audio"}
     assert sent.headers["content-type"] == "application/json"
     assert "authorization" not in sent.headers
 
 
-async def test_model_from_constructor_and_overridden_by_options(up, engines):
-    engine = engines(up.url + "/", model="tts-1")  # a trailing slash on the URL is tolerated
+async def test_model_from_constructor_and_overridden_by_options(mock, engines):
+    engine = engines(mock.url + "/", transport=mock.transport, model="tts-1")  # a trailing slash on the URL is tolerated
     await audio(engine, req())
     await audio(engine, req(model="qwen3-omni"))
-    assert [r.path for r in up.requests] == ["/v1/audio/speech"] * 2
-    assert [r.json["model"] for r in up.requests] == ["tts-1", "qwen3-omni"]
+    assert [r.path for r in mock.requests] == ["/v1/audio/speech"] * 2
+    assert [r.json["model"] for r in mock.requests] == ["tts-1", "qwen3-omni"]
 
 
-async def test_voice_and_options_forwarded_verbatim(up, engines):
+async def test_voice_and_options_forwarded_verbatim(mock, engines):
     options = {"language": "German", "instructions": "Speak slowly.", "temperature": 0.7, "top_p": 0.9,
                "top_k": 50, "repetition_penalty": 1.05, "max_new_tokens": 2048, "seed": 42}
-    await audio(engines(up.url), req("Guten Tag.", voice="Ryan", **options))
-    assert up.requests[0].json == {"input": "Guten Tag.", "response_format": "pcm", "stream_format": "audio",
+    await audio(engines(mock), req("Guten Tag.", voice="Ryan", **options))
+    assert mock.requests[0].json == {"input": "Guten Tag.", "response_format": "pcm", "stream_format": "audio",
                                    "voice": "Ryan", **options}
 
 
 async def test_bearer_key_on_speech_and_voice_requests_only_when_set():
-    with StandIn(voices={"voices": ["a"]}) as up:
-        engine = OpenAIEngine(url=up.url, api_key="sk-test")
-        await engine.warm_up()
-        await audio(engine, req())
-        await engine.aclose()
-    assert [(r.method, r.headers.get("authorization")) for r in up.requests] == [
+    mock = MockUpstream(voices={"voices": ["a"]})
+    engine = OpenAIEngine(url=mock.url, api_key="sk-test", transport=mock.transport)
+    await engine.warm_up()
+    await audio(engine, req())
+    await engine.aclose()
+    assert [(r.method, r.headers.get("authorization")) for r in mock.requests] == [
         ("GET", "Bearer sk-test"), ("POST", "Bearer sk-test")]
 
 
@@ -140,10 +152,10 @@ def reference(container="wav", transcript="This is my voice."):
 
 
 @pytest.mark.parametrize("container", sorted(MIMES))
-async def test_reference_voice_travels_as_data_url_with_transcript(up, engines, container):
+async def test_reference_voice_travels_as_data_url_with_transcript(mock, engines, container):
     ref = reference(container)
-    await audio(engines(up.url), req(voice="alice", reference=ref))
-    body = up.requests[0].json
+    await audio(engines(mock), req(voice="alice", reference=ref))
+    body = mock.requests[0].json
     prefix = f"data:{MIMES[container]};base64,"
     assert body["ref_audio"].startswith(prefix)
     assert base64.b64decode(body["ref_audio"][len(prefix):], validate=True) == ref.audio
@@ -151,17 +163,17 @@ async def test_reference_voice_travels_as_data_url_with_transcript(up, engines, 
     assert "voice" not in body
 
 
-async def test_reference_without_transcript_sends_no_ref_text(up, engines):
-    await audio(engines(up.url), req(voice="alice", reference=reference(transcript="")))
-    body = up.requests[0].json
+async def test_reference_without_transcript_sends_no_ref_text(mock, engines):
+    await audio(engines(mock), req(voice="alice", reference=reference(transcript="")))
+    body = mock.requests[0].json
     assert body["ref_audio"].startswith("data:audio/wav;base64,")
     assert "ref_text" not in body and "voice" not in body
 
 
-async def test_clients_own_ref_audio_and_ref_text_win(up, engines):
+async def test_clients_own_ref_audio_and_ref_text_win(mock, engines):
     mine = "data:audio/wav;base64," + base64.b64encode(good("wav", 1.0)[:100]).decode()
-    await audio(engines(up.url), req(voice="alice", reference=reference(), ref_audio=mine, ref_text="Mine."))
-    body = up.requests[0].json
+    await audio(engines(mock), req(voice="alice", reference=reference(), ref_audio=mine, ref_text="Mine."))
+    body = mock.requests[0].json
     assert (body["ref_audio"], body["ref_text"]) == (mine, "Mine.")
 
 
@@ -210,30 +222,30 @@ BIG = b"x" * (8 * 1024 * 1024)
     (error_reply(500, "CUDA out of memory", type_="server_error"), SERVER_ERROR, None,
      "upstream speech server failed (HTTP 500): CUDA out of memory", None),
 ], ids=["400", "422", "422-validation-list", "429", "500"])
-async def test_status_errors_map_to_contract_classes_without_retry(up, engines, reply, error_type, code, message,
+async def test_status_errors_map_to_contract_classes_without_retry(mock, engines, reply, error_type, code, message,
                                                                    param):
-    up.script(reply, reply, reply)
-    error = await failure(engines(up.url))
+    mock.script(reply, reply, reply)
+    error = await failure(engines(mock))
     assert (error.error_type, error.code, error.message, error.param) == (error_type, code, message, param)
-    assert len(up.requests) == 1
+    assert len(mock.requests) == 1
 
 
 @pytest.mark.parametrize("status, hint", [(401, "SPEECH_UPSTREAM_API_KEY"), (403, "SPEECH_UPSTREAM_API_KEY"),
                                           (404, "SPEECH_UPSTREAM_URL")])
-async def test_configuration_errors_name_the_setting(up, engines, status, hint):
-    up.script(error_reply(status, "nope"))
-    error = await failure(engines(up.url))
+async def test_configuration_errors_name_the_setting(mock, engines, status, hint):
+    mock.script(error_reply(status, "nope"))
+    error = await failure(engines(mock))
     assert hint in error.message and f"HTTP {status}" in error.message
     assert (error.error_type, error.code) == (SERVER_ERROR, None)
 
 
 @pytest.mark.parametrize("retries", [0, 1, 2])
-async def test_503_on_every_attempt_is_queue_full(up, engines, retries):
-    up.script(*[error_reply(503, "busy", type_="server_error")] * (retries + 2))
-    error = await failure(engines(up.url, retries=retries))
+async def test_503_on_every_attempt_is_queue_full(mock, engines, retries):
+    mock.script(*[error_reply(503, "busy", type_="server_error")] * (retries + 2))
+    error = await failure(engines(mock, retries=retries))
     assert isinstance(error, EngineBusy)
     assert (error.message, error.error_type, error.code) == (QUEUE_FULL_MESSAGE, SERVER_ERROR, None)
-    assert len(up.requests) == retries + 1
+    assert len(mock.requests) == retries + 1
 
 
 @pytest.mark.parametrize("reply", [
@@ -334,27 +346,27 @@ async def test_garbage_on_every_attempt_is_invalid_http(up, engines):
     ({"content-type": "audio/L16; rate=16000"},
      "upstream speech server sent 16000 Hz audio; SPEECH_UPSTREAM_SAMPLE_RATE is 24000"),
 ], ids=["html", "json", "none", "x-sample-rate", "l16-rate"])
-async def test_not_pcm_or_wrong_rate_is_refused(up, engines, headers, message):
-    up.script(Reply(headers=headers), Reply(), Reply())
-    chunks, error = await outcome(engines(up.url))
+async def test_not_pcm_or_wrong_rate_is_refused(mock, engines, headers, message):
+    mock.script(Reply(headers=headers), Reply(), Reply())
+    chunks, error = await outcome(engines(mock))
     assert chunks == []
     assert (error.message, error.error_type) == (message, SERVER_ERROR)
-    assert len(up.requests) == 1
+    assert len(mock.requests) == 1
 
 
 @pytest.mark.parametrize("headers", [
     {"content-type": "audio/pcm", "x-sample-rate": "24000"}, {"content-type": "application/octet-stream"},
     {"content-type": "audio/pcm;rate=24000"},
 ])
-async def test_pcm_types_and_matching_rate_accepted(up, engines, headers):
-    up.script(Reply(headers=headers))
-    assert np.array_equal(await audio(engines(up.url)), samples(TONE))
+async def test_pcm_types_and_matching_rate_accepted(mock, engines, headers):
+    mock.script(Reply(headers=headers))
+    assert np.array_equal(await audio(engines(mock)), samples(TONE))
 
 
-async def test_l16_is_read_big_endian_as_rfc_2586_defines_it(up, engines):
+async def test_l16_is_read_big_endian_as_rfc_2586_defines_it(mock, engines):
     big_endian = np.frombuffer(TONE, "<i2").astype(">i2").tobytes()
-    up.script(Reply(headers={"content-type": "audio/L16; rate=24000"}, chunks=[big_endian[:3], big_endian[3:]]))
-    assert np.array_equal(await audio(engines(up.url)), samples(TONE))
+    mock.script(Reply(headers={"content-type": "audio/L16; rate=24000"}, chunks=[big_endian[:3], big_endian[3:]]))
+    assert np.array_equal(await audio(engines(mock)), samples(TONE))
 
 
 async def test_pool_exhaustion_fails_within_the_pool_timeout(up, engines):

@@ -46,7 +46,7 @@ JSON = {"content-type": "application/json"}
 
 class OpenAIEngine(Engine):
     def __init__(self, *, url, api_key="", model="", voices=(), sample_rate=24000, connect_timeout_s=5.0,
-                 read_timeout_s=30.0, retries=2, max_connections=100, rediscover_s=30.0):
+                 read_timeout_s=30.0, retries=2, max_connections=100, rediscover_s=30.0, transport=None):
         self.url = url.rstrip("/")
         self.endpoint = f"{self.url}/audio/speech"
         self.model = model
@@ -55,6 +55,9 @@ class OpenAIEngine(Engine):
         self.timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s,
                                      pool=connect_timeout_s)
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # None: httpx's own connection pool. Tests pass an httpx.MockTransport to check status mapping and
+        # request bodies without a socket (the socket faults keep a real loopback server).
+        self.transport = transport
         self.capabilities = self._capabilities(tuple(voices), sample_rate)
         self._client = None
         self._client_loop = None
@@ -82,7 +85,8 @@ class OpenAIEngine(Engine):
         """The pooled client of the running loop (daphne's; warm-up runs in a loop of its own)."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(timeout=self.timeout, limits=self.limits, headers=self.headers)
+            self._client = httpx.AsyncClient(timeout=self.timeout, limits=self.limits, headers=self.headers,
+                                             transport=self.transport)
             self._client_loop = loop
         return self._client
 
@@ -95,7 +99,7 @@ class OpenAIEngine(Engine):
         if not self._voices_pending:
             return
         try:
-            async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers) as client:
+            async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers, transport=self.transport) as client:
                 response = await client.get(f"{self.url}/audio/voices")
             if response.status_code in (404, 405):
                 self._voices_pending = False

@@ -67,6 +67,15 @@ def error_reply(status, message, param=None, type_="BadRequestError"):
     return Reply(status=status, headers={"content-type": "application/json"}, chunks=[], body=body)
 
 
+def voices_reply(voices):
+    """The answer to GET /v1/audio/voices: `voices` is a JSON payload, a Reply, or None for a 404."""
+    if isinstance(voices, Reply):
+        return voices
+    if voices is None:
+        return error_reply(404, "Not Found", type_="not_found_error")
+    return Reply(headers={"content-type": "application/json"}, chunks=[], body=json.dumps(voices).encode())
+
+
 class StandIn:
     def __init__(self, voices=None, default=None):
         self.voices = voices  # GET /v1/audio/voices: a JSON payload, a Reply, or None for 404
@@ -164,15 +173,8 @@ class StandIn:
             reply = self._script.popleft() if self._script and request.method == "POST" else self.default
             self._cond.notify_all()
         if request.method == "GET":
-            reply = self._voices_reply()
+            reply = voices_reply(self.voices)
         return await self._reply(conn, reader, writer, reply)
-
-    def _voices_reply(self):
-        if isinstance(self.voices, Reply):
-            return self.voices
-        if self.voices is None:
-            return error_reply(404, "Not Found", type_="not_found_error")
-        return Reply(headers={"content-type": "application/json"}, chunks=[], body=json.dumps(self.voices).encode())
 
     async def _wait_for_close(self, reader):
         while await reader.read(65536):
