@@ -64,4 +64,4 @@ bench: install-dev migrate
 	$(PY) bench/handshake.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -44,7 +44,8 @@ AUDIO_SECONDS = Counter("speech_audio_sent_seconds", "Seconds of audio sent to W
 REST_REQUESTS = Counter("speech_rest_requests", "HTTP API requests, by endpoint (route name), method and status",
                         ["endpoint", "method", "status"])
 
-_live = weakref.WeakSet()  # sessions started and not yet ended (a session dropped without an end leaves too)
+# Sessions started and not yet ended (a session dropped without an end leaves too).
+_live: weakref.WeakSet[object] = weakref.WeakSet()
 SESSIONS_ACTIVE.set_function(lambda: len(_live))
 
 

@@ -1,5 +1,9 @@
 """Errors of the speech protocol: the exact `error` events and close codes (docs/protocol.md, Errors, Close codes)."""
 
+from __future__ import annotations
+
+from typing import Any
+
 from .. import metrics
 
 # Close codes (docs/protocol.md, Close codes): 4000 + the RFC 6455 code they stand for.
@@ -20,7 +24,8 @@ QUEUE_FULL_MESSAGE = "The request queue is full."
 class SpeechError(Exception):
     """One `error` event. `close_code` set means fatal: the session closes with it after the event."""
 
-    def __init__(self, message, *, error_type=BAD_REQUEST, param=None, code=400, close_code=None):
+    def __init__(self, message: str, *, error_type: str = BAD_REQUEST, param: str | None = None,
+                 code: int | None = 400, close_code: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.error_type = error_type
@@ -29,11 +34,11 @@ class SpeechError(Exception):
         self.close_code = close_code
 
     @property
-    def fatal(self):
+    def fatal(self) -> bool:
         return self.close_code is not None
 
-    def event(self, **extra):
-        body = {"type": "error", "message": self.message, "error_type": self.error_type}
+    def event(self, **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"type": "error", "message": self.message, "error_type": self.error_type}
         if self.param is not None:
             body["param"] = self.param
         if self.code is not None:
@@ -43,18 +48,18 @@ class SpeechError(Exception):
         return body
 
 
-def bad_request(message, param=None, *, close_code=None):
+def bad_request(message: str, param: str | None = None, *, close_code: int | None = None) -> SpeechError:
     return SpeechError(message, param=param, close_code=close_code)
 
 
-def fatal(message, param=None, *, close_code=CLOSE_POLICY):
+def fatal(message: str, param: str | None = None, *, close_code: int = CLOSE_POLICY) -> SpeechError:
     return SpeechError(message, param=param, close_code=close_code)
 
 
-def server_error(message):
+def server_error(message: str) -> SpeechError:
     return SpeechError(message, error_type=SERVER_ERROR, code=None)
 
 
-def at_capacity():
+def at_capacity() -> SpeechError:
     """The handshake's refusal when this instance cannot start a new session's speech in time."""
     return SpeechError(QUEUE_FULL_MESSAGE, error_type=SERVER_ERROR, code=None, close_code=CLOSE_CAPACITY)

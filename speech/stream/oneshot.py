@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import contextlib
 
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING
+
 from .pipeline import render_segment
 from .segmenter import Segmenter
 
+if TYPE_CHECKING:
+    import numpy as np
 
-async def synthesize(engine, config, text):
+    from ..engines.base import Engine
+    from .protocol import SessionConfig
+
+
+async def synthesize(engine: Engine, config: SessionConfig, text: str) -> AsyncGenerator[np.ndarray, None]:
     segmenter = Segmenter(config.split_granularity)
     for segment in [*segmenter.feed(text), *segmenter.flush()]:
         async with contextlib.aclosing(render_segment(engine, config, segment)) as audio:

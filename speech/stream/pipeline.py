@@ -20,6 +20,8 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +31,11 @@ from ..engines import SynthesisRequest
 from ..engines.pool import CURRENT, Ticket
 from .errors import SpeechError, bad_request, server_error
 from ..audio.transforms import Chain, plan_speed
+
+if TYPE_CHECKING:
+    from ..engines.base import Engine
+    from .protocol import SessionConfig
+    from .session import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -41,23 +48,24 @@ _END = object()
 class Job:
     __slots__ = ("text", "ticket", "chunks", "producer", "index", "bytes_sent", "done_sent", "queued_at", "started")
 
-    def __init__(self, text):
+    def __init__(self, text: str) -> None:
         self.text = text
         self.ticket = Ticket(current=False)  # its place in the engine's synthesis queue
         self.queued_at = time.monotonic()
-        self.chunks = asyncio.Queue()
-        self.producer = None
-        self.index = None  # its sentence index, given when audio.start (or its error) is sent
+        self.chunks: asyncio.Queue[Any] = asyncio.Queue()  # np.ndarray chunks, then _END or an exception
+        self.producer: asyncio.Task[None] | None = None
+        self.index: int | None = None  # its sentence index, given when audio.start (or its error) is sent
         self.bytes_sent = 0
         self.done_sent = False
         self.started = False  # its first chunk (or its end) is there: the next segment may start
 
     @property
-    def announced(self):
+    def announced(self) -> bool:
         return self.index is not None
 
 
-async def render_segment(engine, config, text, ticket=CURRENT):
+async def render_segment(engine: Engine, config: SessionConfig, text: str,
+                         ticket: Ticket = CURRENT) -> AsyncGenerator[np.ndarray, None]:
     """One segment's audio as the client wants it: the engine's chunks through the segment's
     `transforms.Chain` (speed, rate; off the event loop). Closing the generator, or cancelling the
     task that reads it, aborts the engine's work."""
@@ -72,7 +80,8 @@ async def render_segment(engine, config, text, ticket=CURRENT):
 
 
 class Pipeline:
-    def __init__(self, *, engine, config, transport, session_id, max_segment_chars, on_idle, on_crash):
+    def __init__(self, *, engine: Engine, config: SessionConfig, transport: Transport, session_id: str,
+                 max_segment_chars: int, on_idle: Callable[[], None], on_crash: Callable[[], None]) -> None:
         self.engine = engine
         self.config = config
         self.transport = transport  # its send_bytes waits while the client is not reading (backpressure)
@@ -85,20 +94,20 @@ class Pipeline:
         self.sentences = 0  # sentence indexes given so far
         self.queued_chars = 0  # text of segments whose synthesis has not started
         self.bytes_sent = 0  # audio bytes of the whole session
-        self.first_audio_s = None  # the session's first segment: queued -> first audio frame sent
-        self._delivery = None
+        self.first_audio_s: float | None = None  # the session's first segment: queued -> first audio frame sent
+        self._delivery: asyncio.Task[None] | None = None
 
     @property
-    def busy(self):
+    def busy(self) -> bool:
         """Segments are waiting, being synthesised or being sent."""
         return bool(self.jobs)
 
     @property
-    def total_sentences(self):
+    def total_sentences(self) -> int:
         """Segments accepted and not dropped: announced ones plus those still waiting."""
         return self.sentences + sum(1 for job in self.jobs if not job.announced)
 
-    def enqueue(self, text):
+    def enqueue(self, text: str) -> None:
         job = Job(text)
         self.jobs.append(job)
         self.queued_chars += len(text)
@@ -106,7 +115,7 @@ class Pipeline:
         if self._delivery is None:
             self._delivery = asyncio.create_task(self._deliver_all(), name=f"{self.session_id}-delivery")
 
-    def _start_producers(self):
+    def _start_producers(self) -> None:
         """The segment being delivered is synthesised at the front of the engine's queue; the next
         one (look-ahead) starts only once the current one has its first chunk, so it never delays
         the current segment's first audio, and waits behind every session's current segments."""
@@ -121,12 +130,12 @@ class Pipeline:
                 self.queued_chars -= len(job.text)
                 job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
 
-    def _started(self, job):
+    def _started(self, job: Job) -> None:
         if not job.started:
             job.started = True
             self._start_producers()
 
-    async def _produce(self, job):
+    async def _produce(self, job: Job) -> None:
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
@@ -149,7 +158,7 @@ class Pipeline:
             job.chunks.put_nowait(_END)
             self._started(job)
 
-    async def _deliver_all(self):
+    async def _deliver_all(self) -> None:
         try:
             while self.jobs:
                 await self._deliver(self.jobs[0])
@@ -165,21 +174,21 @@ class Pipeline:
         self._delivery = None
         self.on_idle()
 
-    def _announce(self, job):
+    def _announce(self, job: Job) -> None:
         job.index = self.sentences
         self.sentences += 1
 
-    def _id(self, job):
+    def _id(self, job: Job) -> str:
         return f"{self.session_id}-{job.index}"
 
-    async def _start(self, job):
+    async def _start(self, job: Job) -> None:
         self._announce(job)
         await self.transport.send_json({
             "type": "audio.start", "id": self._id(job), "sentence_index": job.index,
             "sentence_text": job.text, "format": self.config.response_format, "sample_rate": self.rate,
         })
 
-    async def _send_audio(self, job, data, seconds):
+    async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
@@ -191,12 +200,12 @@ class Pipeline:
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
         await asyncio.sleep(0)
 
-    def _stream_encoder(self):
+    def _stream_encoder(self) -> RawEncoder | None:
         if self.config.stream_audio:  # the handshake allows streaming for raw formats only
             return RawEncoder(self.config.response_format, self.rate)
         return None
 
-    async def _deliver(self, job):
+    async def _deliver(self, job: Job) -> None:
         fmt, streaming = self.config.response_format, self.config.stream_audio
         raw = RawEncoder(fmt, self.rate) if fmt in RAW_FORMATS else None
         collected = []
@@ -206,8 +215,8 @@ class Pipeline:
                 failure = item
             elif failure is not None:
                 continue
-            elif streaming:  # encoded by the producer
-                await self._stream(job, raw.bytes_per_sample, item)
+            elif streaming:  # encoded by the producer; the handshake allows streaming for raw formats only
+                await self._stream(job, raw.bytes_per_sample, item)  # type: ignore[union-attr]
             else:
                 collected.append(item)
         if failure is None and collected:
@@ -230,7 +239,7 @@ class Pipeline:
             await self.transport.send_json(failure.event(**extra))
         await self._done(job, error=failure is not None, cancelled=False)
 
-    async def _stream(self, job, width, data):
+    async def _stream(self, job: Job, width: int, data: bytes) -> None:
         """Send one encoded chunk as raw frames: a short first frame for each segment, FRAME_S after it."""
         if not job.announced:
             await self._start(job)
@@ -243,14 +252,14 @@ class Pipeline:
             frame = data[offset: offset + step]
             await self._send_audio(job, frame, len(frame) / width / self.rate)
 
-    async def _done(self, job, *, error, cancelled):
+    async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
         await self.transport.send_json({
             "type": "audio.done", "id": self._id(job), "sentence_index": job.index,
             "total_bytes": job.bytes_sent, "error": error, "cancelled": cancelled,
         })
 
-    async def _stop(self):
+    async def _stop(self) -> list[Job]:
         """Stop delivery and every producer (engine work included) and forget all segments."""
         tasks = [job.producer for job in self.jobs if job.producer is not None]
         if self._delivery is not None:
@@ -264,7 +273,7 @@ class Pipeline:
         self.queued_chars = 0
         return jobs
 
-    async def cancel(self):
+    async def cancel(self) -> int:
         """Barge-in: stop the current segment within one frame, drop the rest. Returns how many
         segments were stopped or dropped."""
         jobs = [job for job in await self._stop() if not job.done_sent]
@@ -272,6 +281,6 @@ class Pipeline:
             await self._done(jobs[0], error=False, cancelled=True)
         return len(jobs)
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         """The client is gone: abort all work, send nothing."""
         await self._stop()

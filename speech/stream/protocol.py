@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..audio.codecs import FORMATS, RAW_FORMATS, output_rate
 from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError, fatal
+
+if TYPE_CHECKING:  # for the annotations only: the stream core imports nothing of Django at run time
+    from ..engines.base import Capabilities
+    from ..voices import ReferenceVoice
+
+    FindVoice = Callable[[str], Awaitable[ReferenceVoice | None]]  # an uploaded voice by name
 
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 TELEPHONY_FORMATS, TELEPHONY_RATE = ("mulaw", "alaw"), 8000  # G.711 defaults to the telephone rate
@@ -45,7 +52,7 @@ FORWARDED = ("model", "language", "instructions", "ref_audio", "ref_text", "temp
              "repetition_penalty", "max_new_tokens", "seed")
 
 
-def _has_type(value, kind):
+def _has_type(value: Any, kind: str) -> bool:
     if kind == STRING:
         return isinstance(value, str)
     if kind == BOOLEAN:
@@ -66,7 +73,7 @@ class Limits:
     max_pending_chars: int
     max_segment_chars: int
 
-    def as_event(self):
+    def as_event(self) -> dict[str, Any]:
         return {
             "config_timeout_s": self.config_timeout_s,
             "idle_timeout_s": self.idle_timeout_s,
@@ -89,7 +96,7 @@ class SessionConfig:
     reference: Any = None  # an uploaded voice (speech.voices.ReferenceVoice) for engines that clone
 
 
-def utf8_length_exceeds(text, limit):
+def utf8_length_exceeds(text: str, limit: int) -> bool:
     """True when text's UTF-8 encoding is longer than limit, without encoding when length decides."""
     if len(text) > limit:
         return True
@@ -98,7 +105,7 @@ def utf8_length_exceeds(text, limit):
     return len(text.encode("utf-8", "surrogatepass")) > limit
 
 
-def parse_message(raw, *, handshake=False):
+def parse_message(raw: str, *, handshake: bool = False) -> dict[str, Any]:
     """A client frame's JSON object; SpeechError (fatal during the handshake) otherwise."""
     close = CLOSE_POLICY if handshake else None
     try:
@@ -116,24 +123,25 @@ def parse_message(raw, *, handshake=False):
     raise SpeechError(f"speech WebSocket message is not valid JSON: {detail}", close_code=close)
 
 
-def _reject_constant(name):
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def size_error(kind, limit, *, handshake=False):
+def size_error(kind: str, limit: int, *, handshake: bool = False) -> SpeechError:
     return SpeechError(f"{kind} WebSocket message exceeds {limit} bytes", close_code=CLOSE_TOO_BIG if handshake else None)
 
 
 class UnknownVoice(SpeechError):
     """Not a voice of the engine: the caller may look for an uploaded voice of that name."""
 
-    def __init__(self, requested, capabilities):
+    def __init__(self, requested: str, capabilities: Capabilities) -> None:
         super().__init__(f"Unknown voice '{requested}'. Supported voices: {', '.join(capabilities.voices)}",
                          param="voice", close_code=CLOSE_POLICY)
         self.requested = requested
 
 
-async def resolve_config(payload, capabilities, find_voice=None):
+async def resolve_config(payload: dict[str, Any], capabilities: Capabilities,
+                         find_voice: FindVoice | None = None) -> SessionConfig:
     """parse_config, looking a voice the engine does not list up among the uploaded voices
     (`find_voice`: async name -> ReferenceVoice | None). An engine with an open voice set
     (`any_voice`) gets a name that is not an uploaded voice passed on as it is."""
@@ -146,7 +154,8 @@ async def resolve_config(payload, capabilities, find_voice=None):
         return parse_config(payload, capabilities, reference, voice_checked=True)
 
 
-def parse_config(payload, capabilities, reference=None, *, voice_checked=False):
+def parse_config(payload: dict[str, Any], capabilities: Capabilities, reference: ReferenceVoice | None = None, *,
+                 voice_checked: bool = False) -> SessionConfig:
     """session.config (nested or flat) -> SessionConfig for this engine; fatal SpeechError otherwise.
 
     `reference` is the uploaded voice found for a name that is not one of the engine's own;
@@ -202,7 +211,8 @@ def parse_config(payload, capabilities, reference=None, *, voice_checked=False):
     )
 
 
-def _resolve_voice(requested, caps, reference, voice_checked):
+def _resolve_voice(requested: str | None, caps: Capabilities, reference: ReferenceVoice | None,
+                   voice_checked: bool) -> str:
     if requested is None or requested.strip().lower() == "default":
         return caps.default_voice
     for name in caps.voices:
@@ -217,7 +227,8 @@ def _resolve_voice(requested, caps, reference, voice_checked):
     return reference.name
 
 
-def configured_event(session_id, config, capabilities, limits):
+def configured_event(session_id: str, config: SessionConfig, capabilities: Capabilities,
+                     limits: Limits) -> dict[str, Any]:
     return {
         "type": "session.configured",
         "session_id": session_id,

@@ -15,7 +15,8 @@ import enum
 import logging
 import time
 import uuid
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import metrics
 from .errors import (
@@ -30,6 +31,10 @@ from .errors import (
 from .pipeline import Pipeline
 from .protocol import configured_event, parse_message, resolve_config, size_error, utf8_length_exceeds
 from .segmenter import Segmenter
+
+if TYPE_CHECKING:
+    from ..engines.base import Engine
+    from .protocol import FindVoice, Limits, SessionConfig
 
 logger = logging.getLogger(__name__)
 
@@ -56,27 +61,29 @@ OUTCOME_TERMINATED, OUTCOME_FAILED = "terminated", "failed"
 TERMINATED_MESSAGE = "speech session terminated by the server"
 
 
-def new_session_id():
+def new_session_id() -> str:
     return f"speech_ws_{uuid.uuid4().hex}"
 
 
 class SpeechSession:
-    def __init__(self, transport, engine, limits, *, session_id=None, find_voice=None,
-                 on_configured=None):
+    def __init__(self, transport: Transport, engine: Engine, limits: Limits, *, session_id: str | None = None,
+                 find_voice: FindVoice | None = None,
+                 on_configured: Callable[[SpeechSession], Awaitable[None]] | None = None) -> None:
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.session_id = session_id or new_session_id()
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
         self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
-        self.outcome = None  # how it ended: completed, cancelled (client left), terminated, failed
+        self.outcome: str | None = None  # how it ended: completed, cancelled (client left), terminated, failed
         self.state = State.AWAITING_CONFIG
-        self.config = None
-        self.segmenter = None
-        self.pipeline = None
+        # Set by session.config; the handlers that use them run only after it (State.ACTIVE / DRAINING).
+        self.config: SessionConfig = None  # type: ignore[assignment]
+        self.segmenter: Segmenter = None  # type: ignore[assignment]
+        self.pipeline: Pipeline = None  # type: ignore[assignment]  # None until then, and aclose() checks
         self.closed = asyncio.Event()  # set once the session has ended, by either side
-        self._timer = None
-        self._tasks = set()  # fatal-error and finishing tasks, awaited on close
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # fatal-error and finishing tasks, awaited on close
         self._commits = 0
         self._finishing = False
         self._high_surrogate = ""
@@ -84,22 +91,22 @@ class SpeechSession:
         self._utterance_started = 0.0  # wall time the current run of speech began
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self):
+    def start(self) -> None:
         """Call once the socket is accepted: the session.config wait begins."""
         self._arm(self.limits.config_timeout_s, fatal("session.config was not received before timeout"))
 
-    async def refuse(self, error):
+    async def refuse(self, error: SpeechError) -> None:
         """End the session before it starts (authentication, capacity): the error, then its close code."""
         await self._report(error)
 
-    async def terminate(self, message):
+    async def terminate(self, message: str) -> None:
         """The server ends the session: an error event, close 4001, all work aborted."""
         if self.state is not State.CLOSED:
             self.outcome = self.outcome or OUTCOME_TERMINATED
             await self._report(SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED))
         await self.aclose()
 
-    async def aclose(self):
+    async def aclose(self) -> None:
         """The client disconnected (or the server is done): abort all work, send nothing more."""
         self.outcome = self.outcome or OUTCOME_DISCONNECTED
         self.state = State.CLOSED
@@ -114,7 +121,7 @@ class SpeechSession:
             await self.pipeline.aclose()
 
     # -- client frames -------------------------------------------------------------------------
-    async def receive_text(self, raw):
+    async def receive_text(self, raw: str) -> None:
         async with self._lock:
             if self.state is State.CLOSED:
                 return
@@ -128,7 +135,7 @@ class SpeechSession:
                 await self._report(exc)
             self._arm_idle()
 
-    async def receive_bytes(self, data):
+    async def receive_bytes(self, data: bytes) -> None:
         async with self._lock:
             if self.state is State.CLOSED:
                 return
@@ -144,7 +151,7 @@ class SpeechSession:
             self._arm_idle()
 
     # -- control signals (speech.cancel / speech.terminate, speech/control/signals.py) -------------
-    async def handle_signal(self, message):
+    async def handle_signal(self, message: dict[str, Any]) -> None:
         """A cancel or terminate from the control plane, possibly sent from another instance.
 
         A cancel is answered exactly like a client's input.cancel (origin "server"), also when
@@ -165,12 +172,12 @@ class SpeechSession:
                     await self._on_cancel({}, origin="server")
                 self._arm_idle()
 
-    def _issued_before_utterance(self, issued_at):
+    def _issued_before_utterance(self, issued_at: Any) -> bool:
         if not isinstance(issued_at, (int, float)) or isinstance(issued_at, bool):
             return False
         return issued_at < self._utterance_started
 
-    async def _configure(self, raw):
+    async def _configure(self, raw: str) -> None:
         limit = self.limits.max_config_bytes
         if utf8_length_exceeds(raw, limit):
             raise size_error("session", limit, handshake=True)
@@ -197,7 +204,7 @@ class SpeechSession:
         await self.transport.send_json(
             configured_event(self.session_id, self.config, self.engine.capabilities, self.limits))
 
-    async def _handle(self, raw):
+    async def _handle(self, raw: str) -> None:
         if utf8_length_exceeds(raw, self.limits.max_message_bytes):
             raise size_error("text", self.limits.max_message_bytes)
         payload = parse_message(raw)
@@ -209,7 +216,7 @@ class SpeechSession:
         await handler(self, payload)
 
     # -- message handlers ----------------------------------------------------------------------
-    async def _on_text(self, payload):
+    async def _on_text(self, payload: dict[str, Any]) -> None:
         text = payload.get("text")
         if not isinstance(text, str):
             raise SpeechError("input.text text must be a string", param="text")
@@ -221,7 +228,7 @@ class SpeechSession:
             self._utterance_started = time.time()  # the first text after silence begins new speech
         self._enqueue(self.segmenter.feed(text))
 
-    def _join_surrogates(self, text):
+    def _join_surrogates(self, text: str) -> str:
         """JSON may carry UTF-16 halves (\\ud83d) and a client may split a pair across frames:
         a trailing high surrogate waits for the next frame, pairs are joined, and a lone half
         becomes U+FFFD, so engines and events only ever see valid text."""
@@ -232,7 +239,7 @@ class SpeechSession:
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return text
 
-    async def _on_commit(self, payload):
+    async def _on_commit(self, payload: dict[str, Any]) -> None:
         segments = self.segmenter.flush()
         self._enqueue(segments)
         await self.transport.send_json({
@@ -241,33 +248,33 @@ class SpeechSession:
         })
         self._commits += 1
 
-    async def _on_cancel(self, payload, origin="client"):
+    async def _on_cancel(self, payload: dict[str, Any], origin: str = "client") -> None:
         self.segmenter.clear()
         await self._send_cancelled(await self.pipeline.cancel(), origin)
         self._on_pipeline_idle()
 
-    async def _send_cancelled(self, cancelled, origin):
+    async def _send_cancelled(self, cancelled: int, origin: str) -> None:
         metrics.CANCELS.labels(origin).inc()
         await self.transport.send_json({
             "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
             "total_sentences": self.pipeline.total_sentences, "origin": origin,
         })
 
-    async def _on_keepalive(self, payload):
+    async def _on_keepalive(self, payload: dict[str, Any]) -> None:
         """Only resets the idle timer, which every frame does."""
 
-    async def _on_done(self, payload):
+    async def _on_done(self, payload: dict[str, Any]) -> None:
         self._enqueue(self.segmenter.flush())
         self.state = State.DRAINING
         if not self.pipeline.busy:
             self._on_pipeline_idle()
 
-    def _enqueue(self, segments):
+    def _enqueue(self, segments: list[str]) -> None:
         for segment in segments:
             self.pipeline.enqueue(segment)
 
     # -- endings -------------------------------------------------------------------------------
-    async def _finish(self):
+    async def _finish(self) -> None:
         if self.state is not State.DRAINING:
             return
         self.outcome = OUTCOME_COMPLETED
@@ -275,7 +282,7 @@ class SpeechSession:
             {"type": "session.done", "session_id": self.session_id, "total_sentences": self.pipeline.total_sentences})
         await self._close(CLOSE_NORMAL)
 
-    async def _report(self, error):
+    async def _report(self, error: SpeechError) -> None:
         if not error.fatal:
             await self.transport.send_json(error.event())
             return
@@ -285,20 +292,20 @@ class SpeechSession:
         if self.pipeline is not None:
             await self.pipeline.aclose()
         await self.transport.send_json(error.event())
-        await self._close(error.close_code)
+        await self._close(error.close_code)  # type: ignore[arg-type]  # fatal: close_code is set
 
-    async def _close(self, code):
+    async def _close(self, code: int) -> None:
         self.state = State.CLOSED
         self.closed.set()
         await self.transport.close(code)
 
-    def _spawn(self, coro):
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _on_pipeline_idle(self):
+    def _on_pipeline_idle(self) -> None:
         """Nothing left to synthesise or send: after input.done that ends the session."""
         if self.state is State.DRAINING and not self._finishing:
             self._finishing = True
@@ -306,29 +313,30 @@ class SpeechSession:
         else:
             self._arm_idle()
 
-    def _on_pipeline_crash(self):
+    def _on_pipeline_crash(self) -> None:
         if self.state is not State.CLOSED:
             self._spawn(self._report(SpeechError("internal server error", error_type=SERVER_ERROR, code=None,
                                                  close_code=CLOSE_INTERNAL)))
 
     # -- timers --------------------------------------------------------------------------------
-    def _arm(self, seconds, error):
+    def _arm(self, seconds: float, error: SpeechError) -> None:
         self._disarm()
         loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle  # the callback names its own handle, to know whether it is still armed
         handle = loop.call_later(seconds, lambda: self._spawn(self._expire(error, handle)))
         self._timer = handle
 
-    def _arm_idle(self):
+    def _arm_idle(self) -> None:
         """Idle time counts only while the client owes us a frame and nothing is generating."""
         if self.state is State.ACTIVE and not self.pipeline.busy:
             self._arm(self.limits.idle_timeout_s, fatal("speech WebSocket idle timeout"))
 
-    def _disarm(self):
+    def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    async def _expire(self, error, handle):
+    async def _expire(self, error: SpeechError, handle: asyncio.TimerHandle) -> None:
         # A frame handled between the timer firing and this task running disarmed it: void.
         if handle is self._timer and self.state in (State.AWAITING_CONFIG, State.ACTIVE):
             await self._report(error)
