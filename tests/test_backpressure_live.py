@@ -27,6 +27,7 @@ from tests.support.live import (
     serving,
     wait_for,
 )
+from tests.support.sessions import assert_healthy
 
 pytestmark = pytest.mark.live
 
@@ -48,7 +49,7 @@ def server():
 @pytest.fixture(autouse=True)
 def no_traceback_after_each_test(server):
     yield
-    server.assert_no_traceback()
+    assert_healthy(server)
     wait_for(lambda: metric(server, "speech_sessions_held") == 0, "no session held once its client is gone")
 
 

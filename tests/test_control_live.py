@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import http.cookiejar
-import json
 import os
 import re
 import shutil
@@ -38,10 +37,8 @@ from tests.support.live import (
     PROJECT_ROOT,
     PYTHON,
     DaphneServer,
-    audio_past,
     collect,
     configure,
-    held,
     is_event,
     open_session,
     run_session,
@@ -50,6 +47,16 @@ from tests.support.live import (
     wait_for,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.sessions import (
+    CONFIG,
+    assert_healthy,
+    cancel_path,
+    request,
+    rest,
+    session_path,
+    speak_and_stop_reading,
+    speaking_session,
+)
 
 pytestmark = pytest.mark.live
 
@@ -59,7 +66,7 @@ TERMINATED = "speech session terminated by the server"
 SHUTDOWN = "speech session terminated: the server is shutting down"
 SENTENCES = [f"This is sentence number {i} of a rather long text that keeps on going." for i in range(40)]
 LONG_TEXT = " ".join(SENTENCES) + " "
-CONFIG = {"response_format": "pcm", "stream_audio": True}
+
 
 
 class Cluster:
@@ -139,39 +146,10 @@ def cluster():
 @pytest.fixture(autouse=True)
 def healthy(cluster):
     yield
-    for server in (cluster.a, cluster.b):
-        server.assert_no_traceback()
-        assert server.alive(), f"a server died:\n{server.stderr_text()[-4000:]}"
+    assert_healthy(cluster.a, cluster.b)
 
 
 # -- helpers -----------------------------------------------------------------------------------------
-
-def request(server, method, path, body=None, headers=None):
-    """One HTTP request: (status, parsed JSON body or text)."""
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        raw = response.read()
-        try:
-            return response.status, json.loads(raw)
-        except ValueError:
-            return response.status, raw.decode(errors="replace")
-    finally:
-        conn.close()
-
-
-async def rest(server, method, path, **kwargs):
-    return await asyncio.to_thread(request, server, method, path, **kwargs)
-
-
-def cancel_path(session_id):
-    return f"/v1/audio/speech/sessions/{session_id}/cancel"
-
-
-def session_path(session_id):
-    return f"/v1/audio/speech/sessions/{session_id}"
-
 
 def not_live(session_id):
     return {"error": {"message": f"no live session '{session_id}'", "type": "not_found_error",
@@ -180,24 +158,6 @@ def not_live(session_id):
 
 def accepted(session_id, kind):
     return {"session_id": session_id, "signal": kind, "status": "accepted"}
-
-
-async def speak_and_stop_reading(ws, server):
-    """Some audio of the speech under way, then the client stops reading until the server holds the
-    session mid-segment (backpressure), so that a signal finds a segment half sent."""
-    before = await collect(ws, until=audio_past(1.0))
-    assert before.close_code is None, f"closed while speaking: {before.types()}"
-    await asyncio.to_thread(held, server)
-    return before
-
-
-async def speaking_session(server):
-    """A session on `server` speaking LONG_TEXT, held mid-segment. Returns (ws, sid, items)."""
-    ws = await open_session(server.ws_url, small_buffers=True)
-    configured = await configure(ws, CONFIG)
-    await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-    before = await speak_and_stop_reading(ws, server)
-    return ws, configured["session_id"], before.items
 
 
 def audio_bytes(items):
@@ -233,7 +193,7 @@ def check_row(row, instance, *, status, items):
 
 async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
     a, b = cluster.a, cluster.b
-    ws, sid, items = await speaking_session(a)
+    ws, sid, items = await speaking_session(a, LONG_TEXT)
     try:
         row = cluster.record(sid)
         assert row["status"] == "active" and row["instance"] == cluster.instance("A") and row["ended_at"] is None
@@ -344,7 +304,7 @@ README_SNIPPET = re.compile(r"<!-- cancel-snippet -->\n```python\n(.*?)```", re.
 async def test_the_readme_snippet_cancels_a_session_from_a_separate_process(cluster):
     snippet = README_SNIPPET.search((PROJECT_ROOT / "README.md").read_text()).group(1)
     assert len(snippet.strip().splitlines()) == 3, snippet
-    ws, sid, items = await speaking_session(cluster.a)
+    ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     try:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", **cluster.env}
         program = f"import django\ndjango.setup()\nsession_id = {sid!r}\n{snippet}"
@@ -362,7 +322,7 @@ async def test_the_readme_snippet_cancels_a_session_from_a_separate_process(clus
 
 @pytest.mark.parametrize("how", ["done", "cancel", "terminate", "disconnect"])
 async def test_the_session_leaves_its_group_however_it_ends(cluster, how):
-    ws, sid, items = await speaking_session(cluster.a)
+    ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     try:
         assert cluster.redis.group_members(sid, db=5) == 1
         if how == "cancel":
@@ -399,7 +359,7 @@ async def test_completed_session_is_recorded_completed(cluster):
 
 @pytest.mark.parametrize("how", ["close", "drop"])
 async def test_client_leaving_mid_speech_is_recorded_cancelled(cluster, how):
-    ws, sid, items = await speaking_session(cluster.a)
+    ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     if how == "close":
         await ws.close()
     else:  # no closing handshake: the TCP connection just goes away
@@ -437,7 +397,7 @@ async def test_admin_lists_live_sessions_and_terminates_one_on_another_instance(
     done = cluster.manage("createsuperuser", "--noinput", "--username", "ops", "--email", "ops@example.com",
                           extra_env={"DJANGO_SUPERUSER_PASSWORD": password})
     assert done.returncode == 0, done.stderr
-    ws, sid, items = await speaking_session(cluster.a)
+    ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     try:
         admin = Admin(cluster.b)  # B's admin; the session lives on A
         await asyncio.to_thread(admin.login, "ops", password)
@@ -516,8 +476,8 @@ async def test_deleting_a_voice_on_b_terminates_the_sessions_using_it_on_a(clust
                                  headers={"Content-Type": content_type})
     assert status == 201 and created["name"] == name, created
     # The embedded engine cannot speak an uploaded voice; the registry says this session uses it.
-    ws, sid, items = await speaking_session(cluster.a)
-    bystander, other_sid, other_items = await speaking_session(cluster.a)
+    ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
+    bystander, other_sid, other_items = await speaking_session(cluster.a, LONG_TEXT)
     try:
         cluster.set_voice(sid, name.upper())  # names match ignoring case
         status, deleted = await rest(cluster.b, "DELETE", f"/v1/audio/voices/{name}")
@@ -540,7 +500,7 @@ async def test_deleting_a_voice_on_b_terminates_the_sessions_using_it_on_a(clust
 
 
 async def test_end_sessions_using_called_in_another_process_terminates_the_session_on_a(cluster):
-    ws, sid, items = await speaking_session(cluster.a)
+    ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     try:
         assert cluster.active_ids() == {sid}, "another session is still active: the call would end it too"
         done = cluster.manage("shell", "-c", "from speech.voices import end_sessions_using; "
@@ -567,9 +527,9 @@ async def test_sigterm_terminates_sessions_with_4001_and_records_them(cluster):
         assert keepalive.getresponse().read()
         unconfigured = await open_session(c.ws_url)
         sockets.append(unconfigured)
-        first, sid1, items1 = await speaking_session(c)
+        first, sid1, items1 = await speaking_session(c, LONG_TEXT)
         sockets.append(first)
-        second, sid2, items2 = await speaking_session(c)
+        second, sid2, items2 = await speaking_session(c, LONG_TEXT)
         sockets.append(second)
         c.proc.send_signal(signal.SIGTERM)
         ends = await asyncio.gather(collect(first), collect(second), collect(unconfigured))
@@ -596,7 +556,7 @@ async def test_sessions_of_a_killed_instance_stop_being_live(cluster):
     """SIGKILL leaves the row active; once the instance's heartbeat has run out, the control endpoints
     answer 404 and the row is closed as failed (bounded poll: the heartbeat lasts some seconds)."""
     d = cluster.server("D")
-    ws, sid, items = await speaking_session(d)
+    ws, sid, items = await speaking_session(d, LONG_TEXT)
     try:
         d.killed = True
         d.kill()  # SIGKILL: no chance to write the outcome

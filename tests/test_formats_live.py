@@ -23,6 +23,7 @@ from scipy.signal import resample_poly
 
 from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S
 from tests.support.live import run_session, segments_of, serving
+from tests.support.sessions import assert_healthy
 from tests.support.speech_check import WHISPER_RATE, normalise, transcribe, wer
 
 from .support.decoders import (
@@ -54,7 +55,7 @@ def server():
 @pytest.fixture(autouse=True)
 def no_traceback_after_each_test(server):
     yield
-    server.assert_no_traceback()
+    assert_healthy(server)
 
 
 async def synthesize(server, config, texts, *, stream=False):

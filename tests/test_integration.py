@@ -33,6 +33,7 @@ from tests.support.live import (
     send_json,
     serving,
 )
+from tests.support.sessions import assert_healthy
 from tests.support.speech_check import pcm16_to_float, rms
 
 pytestmark = pytest.mark.live
@@ -64,8 +65,7 @@ def server():
 @pytest.fixture(autouse=True)
 def no_traceback_after_each_test(server):
     yield
-    server.assert_no_traceback()
-    assert server.alive(), f"the server died:\n{server.stderr_text()[-4000:]}"
+    assert_healthy(server)
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import speech.control.slots
 from speech.control.slots import _ACQUIRE, LEASE_S, RedisSlots
 from tests.support import audio_samples as samples
 from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session, wait_for
+from tests.support.sessions import assert_healthy
 
 pytestmark = pytest.mark.live
 
@@ -35,11 +36,6 @@ REDIS_DB = 11  # this module's Redis database; only the keys it creates are touc
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
 LIMIT = 2
 GUARD_S = 15.0  # hang guard for conditions that the servers settle asynchronously
-
-
-def assert_no_traceback(server):
-    text = server.stderr_text()
-    assert "Traceback" not in text, f"server stderr holds a traceback:\n{text[-6000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +94,7 @@ def servers(shared):
         for server in (a, b):
             server.stop()
     for server in (a, b):
-        assert_no_traceback(server)
+        server.assert_no_traceback()
         server.cleanup()
 
 
@@ -106,9 +102,7 @@ def servers(shared):
 def servers_stay_healthy(request):
     yield
     if "servers" in request.fixturenames:
-        for server in request.getfixturevalue("servers"):
-            assert server.alive(), server.stderr_text()[-4000:]
-            assert_no_traceback(server)
+        assert_healthy(*request.getfixturevalue("servers"))
 
 
 @pytest.fixture

@@ -25,18 +25,24 @@ import pytest
 
 from tests.support.live import (
     DaphneServer,
-    audio_past,
     collect,
-    configure,
-    held,
     is_event,
-    open_session,
     run_session,
     segments_of,
     send_json,
     wait_for,
 )
 from tests.support.redis_server import RedisServer
+from tests.support.sessions import (
+    CONFIG,
+    assert_healthy,
+    cancel_path,
+    request,
+    rest,
+    session_path,
+    speak_and_stop_reading,
+    speaking_session,
+)
 
 pytestmark = pytest.mark.live
 
@@ -45,7 +51,7 @@ pytestmark = pytest.mark.live
 RATE = 24000
 SENTENCES = [f"Sentence {i} of a long answer that the caller will interrupt at some point." for i in range(40)]
 LONG_TEXT = " ".join(SENTENCES) + " "
-CONFIG = {"response_format": "pcm", "stream_audio": True}
+
 
 
 class Setup:
@@ -93,53 +99,10 @@ def setup():
 @pytest.fixture(autouse=True)
 def no_traceback(setup):
     yield
-    for server in setup.servers:
-        server.assert_no_traceback()
-        assert server.alive() or server.proc.returncode == 0, f"a server died:\n{server.stderr_text()[-4000:]}"
+    assert_healthy(*setup.servers, stopped_ok=True)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
-
-def http(server, method, path):
-    import http.client
-    import json
-
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
-    try:
-        conn.request(method, path)
-        response = conn.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        conn.close()
-
-
-async def rest(server, method, path):
-    return await asyncio.to_thread(http, server, method, path)
-
-
-def cancel_path(sid):
-    return f"/v1/audio/speech/sessions/{sid}/cancel"
-
-
-def session_path(sid):
-    return f"/v1/audio/speech/sessions/{sid}"
-
-
-async def speak_and_stop_reading(ws, server):
-    """Some audio, then the client stops reading until `server` holds the session mid-segment."""
-    before = await collect(ws, until=audio_past(1.0))
-    assert before.close_code is None, before.types()
-    await asyncio.to_thread(held, server)
-    return before
-
-
-async def speaking_session(server):
-    ws = await open_session(server.ws_url, small_buffers=True)
-    sid = (await configure(ws, CONFIG))["session_id"]
-    await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-    before = await speak_and_stop_reading(ws, server)
-    return ws, sid, before.items
-
 
 def heartbeat(setup, instance, redis_server=None):
     """Whether `instance` has renewed its heartbeat in Redis (speech/control/layer.py): the REST endpoints treat
@@ -186,7 +149,7 @@ async def finish_ok(ws, sid, next_index):
 # The tests run in file order and share the servers: up, down, back up, down at an instance's start.
 
 async def test_1_with_redis_up_a_cancel_on_b_reaches_a(setup):
-    ws, sid, items = await speaking_session(setup.a)
+    ws, sid, items = await speaking_session(setup.a, LONG_TEXT)
     try:
         assert await rest(setup.b, "POST", cancel_path(sid)) == (
             202, {"session_id": sid, "signal": "cancel", "status": "accepted"})
@@ -211,7 +174,7 @@ async def test_2_with_redis_down_sessions_work_and_control_answers_503(setup):
     assert result.events[-1]["type"] == "session.done" and result.close_code == 1000
     wait_for(lambda: setup.status(result.configured["session_id"]) == "completed", "registry outcome")
 
-    ws, sid, items = await speaking_session(setup.a)
+    ws, sid, items = await speaking_session(setup.a, LONG_TEXT)
     try:
         # The cross-instance endpoints answer 503 with the envelope, on B and on A itself.
         for server in (setup.b, setup.a):
@@ -239,7 +202,7 @@ async def test_2_with_redis_down_sessions_work_and_control_answers_503(setup):
 
 
 async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
-    ws, sid, items = await speaking_session(setup.a)  # opened while Redis is still down
+    ws, sid, items = await speaking_session(setup.a, LONG_TEXT)  # opened while Redis is still down
     try:
         check_unavailable(await rest(setup.b, "POST", cancel_path(sid)))
         setup.redis.start()  # same port, empty
@@ -249,7 +212,7 @@ async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
         wait_for(lambda: heartbeat(setup, "A"), "A's heartbeat renewed")  # else its sessions look lost
 
         def cancel_accepted():
-            status, body = http(setup.b, "POST", cancel_path(sid))
+            status, body = request(setup.b, "POST", cancel_path(sid))
             if status == 503:
                 return None
             assert (status, body) == (202, {"session_id": sid, "signal": "cancel", "status": "accepted"})
@@ -279,7 +242,7 @@ async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
 async def test_4_an_instance_started_while_redis_is_down_serves_and_joins_later(setup):
     setup.redis.kill()
     c = setup.server("C")  # its first session subscribes with Redis away
-    ws, sid, items = await speaking_session(c)
+    ws, sid, items = await speaking_session(c, LONG_TEXT)
     try:
         check_unavailable(await rest(setup.b, "POST", cancel_path(sid)))
         await send_json(ws, {"type": "input.cancel"})
@@ -294,7 +257,7 @@ async def test_4_an_instance_started_while_redis_is_down_serves_and_joins_later(
         await speak_and_stop_reading(ws, c)
 
         def terminate_accepted():
-            status, body = http(setup.b, "DELETE", session_path(sid))
+            status, body = request(setup.b, "DELETE", session_path(sid))
             return None if status == 503 else (status, body)
 
         status, body = await asyncio.to_thread(wait_for, terminate_accepted, "B's REST terminate accepted")
@@ -310,7 +273,7 @@ async def test_5_sigterm_with_redis_down_still_ends_sessions_cleanly(setup):
     setup.redis.kill()
     c = setup.servers[-1]
     assert c.alive()
-    ws, sid, items = await speaking_session(c)
+    ws, sid, items = await speaking_session(c, LONG_TEXT)
     try:
         c.proc.send_signal(signal.SIGTERM)
         end = await collect(ws)
@@ -415,7 +378,7 @@ async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
         setup.servers.append(e)
         f = DaphneServer({**env, "SPEECH_INSTANCE_ID": "F"}, migrate=False).start()
         setup.servers.append(f)
-        ws, sid, items = await speaking_session(e)
+        ws, sid, items = await speaking_session(e, LONG_TEXT)
         try:
             # Before: signals flow through the proxy.
             assert first.group_members(sid, db=3) == 1
@@ -432,7 +395,7 @@ async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
             # While the control plane cannot vouch for E, 503 is a fair answer; the first other answer
             # must be 202 (E is alive and its listener comes back on its own), never 404.
             def first_answer():
-                status, body = http(f, "POST", cancel_path(sid))
+                status, body = request(f, "POST", cancel_path(sid))
                 return None if status == 503 else (status, body)
 
             status, body = await asyncio.to_thread(wait_for, first_answer, "F's REST cancel answered")
@@ -459,7 +422,7 @@ async def test_7_signals_flow_again_after_a_silent_failover(setup):
         setup.servers.append(g)
         h = DaphneServer({**env, "SPEECH_INSTANCE_ID": "H"}, migrate=False).start()
         setup.servers.append(h)
-        ws, sid, items = await speaking_session(g)
+        ws, sid, items = await speaking_session(g, LONG_TEXT)
         try:
             assert first.group_members(sid, db=3) == 1
             proxy.failover(second.port)
@@ -471,7 +434,7 @@ async def test_7_signals_flow_again_after_a_silent_failover(setup):
             await asyncio.to_thread(wait_for, lambda: heartbeat(setup, "G", second), "G's heartbeat renewed")
 
             def accepted():
-                status, body = http(h, "POST", cancel_path(sid))
+                status, body = request(h, "POST", cancel_path(sid))
                 return None if status == 503 else (status, body)
 
             status, body = await asyncio.to_thread(wait_for, accepted, "H's REST cancel answered")
@@ -496,7 +459,7 @@ async def test_8_a_live_session_is_not_declared_lost_when_its_heartbeat_key_is_l
         setup.servers.append(e)
         f = DaphneServer({**env, "SPEECH_INSTANCE_ID": "F8"}, migrate=False).start()
         setup.servers.append(f)
-        ws, sid, items = await speaking_session(e)
+        ws, sid, items = await speaking_session(e, LONG_TEXT)
         try:
             from speech.control.signals import STALE_S
 
@@ -510,7 +473,7 @@ async def test_8_a_live_session_is_not_declared_lost_when_its_heartbeat_key_is_l
             first.kill()
 
             def first_answer():
-                status, body = http(f, "POST", cancel_path(sid))
+                status, body = request(f, "POST", cancel_path(sid))
                 return None if status == 503 else (status, body)
 
             status, body = await asyncio.to_thread(wait_for, first_answer, "F's REST cancel answered")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.support.live import run_session, segments_of, serving
+from tests.support.sessions import assert_healthy
 from tests.support.speech_check import assert_heard, normalise, pcm16_to_float, transcribe, wer
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy]
@@ -30,11 +31,7 @@ def server():
 @pytest.fixture(autouse=True)
 def no_traceback_after_each_test(server):
     yield
-    server.assert_no_traceback()
-
-
-def check_heard(model, samples, sentence):
-    return assert_heard(model, samples, RATE, sentence)
+    assert_healthy(server)
 
 
 def test_normalisation_and_wer_helpers():
@@ -57,7 +54,7 @@ async def test_streamed_pcm_round_trip(server, whisper):
     for segment, sentence in zip(segments, SENTENCES):
         assert segment.done["total_bytes"] == len(segment.audio)
         samples = pcm16_to_float(segment.audio)
-        check_heard(whisper, samples, sentence)
+        assert_heard(whisper, samples, RATE, sentence)
     # And the whole utterance, concatenated, is heard as the whole text.
     everything = np.concatenate([pcm16_to_float(s.audio) for s in segments])
     heard = transcribe(whisper, everything, RATE)
@@ -73,12 +70,12 @@ async def test_wav_round_trip(server, whisper):
     with wave.open(io.BytesIO(segments[0].frames[0]), "rb") as wav:
         assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (RATE, 1, 2)
         samples = pcm16_to_float(wav.readframes(wav.getnframes()))
-    check_heard(whisper, samples, sentence)
+    assert_heard(whisper, samples, RATE, sentence)
 
 
 def test_silence_is_not_mistaken_for_speech(whisper):
     """The guard the round trips rely on: silence fails the loudness check whatever Whisper says."""
     silence = np.zeros(RATE, dtype=np.float32)
     with pytest.raises(AssertionError, match="too quiet"):
-        check_heard(whisper, silence, "Hi there.")
+        assert_heard(whisper, silence, RATE, "Hi there.")
 

@@ -1,0 +1,68 @@
+"""Helpers of the live tests that drive sessions on real servers and call their REST control endpoints
+(tests/test_control_live.py, tests/test_redis_faults.py), and the after-test health check of every
+live module."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+
+from .live import audio_past, collect, configure, held, open_session, send_json
+
+CONFIG = {"response_format": "pcm", "stream_audio": True}
+
+
+def request(server, method, path, body=None, headers=None):
+    """One HTTP request: (status, parsed JSON body or text)."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            return response.status, json.loads(raw)
+        except ValueError:
+            return response.status, raw.decode(errors="replace")
+    finally:
+        conn.close()
+
+
+async def rest(server, method, path, **kwargs):
+    """request() off the event loop, so the test's own sockets keep being served meanwhile."""
+    return await asyncio.to_thread(request, server, method, path, **kwargs)
+
+
+def cancel_path(session_id):
+    return f"/v1/audio/speech/sessions/{session_id}/cancel"
+
+
+def session_path(session_id):
+    return f"/v1/audio/speech/sessions/{session_id}"
+
+
+async def speak_and_stop_reading(ws, server):
+    """Some audio of the speech under way, then the client stops reading until the server holds the
+    session mid-segment (backpressure), so that a signal finds a segment half sent."""
+    before = await collect(ws, until=audio_past(1.0))
+    assert before.close_code is None, f"closed while speaking: {before.types()}"
+    await asyncio.to_thread(held, server)
+    return before
+
+
+async def speaking_session(server, text, config=CONFIG):
+    """A session on `server` speaking `text` (long), held mid-segment. Returns (ws, session id, items so far)."""
+    ws = await open_session(server.ws_url, small_buffers=True)
+    configured = await configure(ws, config)
+    await send_json(ws, {"type": "input.text", "text": text})
+    before = await speak_and_stop_reading(ws, server)
+    return ws, configured["session_id"], before.items
+
+
+def assert_healthy(*servers, stopped_ok=False):
+    """After a test: no server wrote a traceback, and none died (`stopped_ok`: one the test stopped
+    cleanly, exit status 0, is fine)."""
+    for server in servers:
+        server.assert_no_traceback()
+        alive = server.alive() or (stopped_ok and server.proc.returncode == 0)
+        assert alive, f"a server died:\n{server.stderr_text()[-4000:]}"
