@@ -28,12 +28,19 @@ from .errors import (
     fatal,
 )
 from .pipeline import Pipeline
-from .protocol import configured_event, parse_message, resolve_config, size_error, utf8_length_exceeds
+from .protocol import (
+    configured_event,
+    parse_large_config,
+    parse_message,
+    resolve_config,
+    size_error,
+    utf8_length_exceeds,
+)
 from .segmenter import Segmenter
 
 logger = logging.getLogger(__name__)
 
-CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # parse larger handshakes in a thread: the loop stays free
+CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
 
 
 class Transport(Protocol):
@@ -166,7 +173,7 @@ class SpeechSession:
         if utf8_length_exceeds(raw, limit):
             raise size_error("session", limit, handshake=True)
         if len(raw) > CONFIG_PARSE_OFFLOAD_BYTES:
-            payload = await asyncio.to_thread(parse_message, raw, handshake=True)
+            payload = await parse_large_config(raw)
         else:
             payload = parse_message(raw, handshake=True)
         if payload.get("type") != "session.config":

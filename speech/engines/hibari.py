@@ -8,11 +8,18 @@ the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .. import audio
-from .base import Capabilities, Engine, SynthesisRequest
+from .base import Capabilities, Engine, EngineError, SynthesisRequest
 from .pool import BoundedPool
+from .text import for_number_reader
+
+logger = logging.getLogger(__name__)
+
+FAILED_MESSAGE = "speech synthesis failed"
 
 
 def available_voices():
@@ -67,14 +74,27 @@ class HibariEngine(Engine):
 
     async def stream(self, request: SynthesisRequest):
         tts = self._models[request.voice]
-        rng = np.random.default_rng(request.options.get("seed"))
-        first, rest = await self._pool.run(self._first, tts, request.text, request.speed, rng)
+        rng = np.random.default_rng(request.options.get("seed"))  # the handshake checked the seed's range
+        text = for_number_reader(request.text)
+        first, rest = await self._job(self._first, tts, text, request.speed, rng)
         if first is not None and first.size:
             yield first
         for phonemes in rest:
-            chunk = await self._pool.run(self._render, tts, phonemes, request.speed, rng)
+            chunk = await self._job(self._render, tts, phonemes, request.speed, rng)
             if chunk.size:
                 yield chunk
+
+    async def _job(self, fn, *args):
+        """One pool job; a failure inside Hibari on text the normaliser let through fails this
+        segment with the contract's error and one log line: the text is the client's, the trace
+        would only repeat Hibari's internals."""
+        try:
+            return await self._pool.run(fn, *args)
+        except EngineError:
+            raise
+        except Exception as exc:
+            logger.warning("hibari failed on a segment: %s: %s", type(exc).__name__, exc)
+            raise EngineError(FAILED_MESSAGE) from None
 
     async def warm_up(self):
         for voice in self.capabilities.voices:
