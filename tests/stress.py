@@ -103,6 +103,7 @@ class Tally:
     accepted: int = 0  # sentences a session accepted (counted in its session.done)
     lost: int = 0  # accepted sentences without their audio
     refused: int = 0  # sessions refused at the handshake (capacity: 4013 before session.configured)
+    configured: int = 0  # sessions that got session.configured (where that is what is counted)
 
     def see(self, event):
         if event.get("type") != "error":
@@ -113,12 +114,13 @@ class Tally:
             self.problems.append(problem)
 
     def closed(self, code):
+        code = int(code)
         self.closes[code] += 1
         if code not in CONTRACT_CLOSES:
             self.problems.append(f"close code {code}")
 
     def merge(self, other):
-        for name in ("frames", "sessions", "accepted", "lost", "refused"):
+        for name in ("frames", "sessions", "accepted", "lost", "refused", "configured"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.problems += other.problems
         self.errors.update(other.errors)

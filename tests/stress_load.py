@@ -141,7 +141,7 @@ async def large_configs(url, count, size):
             first = await recv_item(ws, timeout=READ_S)
             tally.see(first.data)
             if first.data.get("type") == "session.configured":
-                tally.accepted += 1
+                tally.configured += 1
                 await send_json(ws, {"type": "input.done"})
             elif first.data.get("error_type") == "rate_limit_error":
                 tally.refused += 1
