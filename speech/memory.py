@@ -1,7 +1,7 @@
 """Give freed memory back to the operating system (glibc), so a burst leaves no lasting bulge.
 
-What held it, measured with bench/stress.py: not Python objects (tracemalloc's total fell back
-after each burst) but glibc's malloc. Two mechanisms:
+Besides onnxruntime's CPU arena (turned off for Hibari, speech/engines/hibari.py), what kept
+memory after a burst was glibc's malloc, in two ways:
 
 * the dynamic mmap threshold: a block over 128 KiB is mmapped and unmapped on free, but each such
   free raises the threshold to that block's size (up to 32 MiB), so after one 16 MiB config every
