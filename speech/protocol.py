@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import LARGE_FRAME_BYTES, get_budget, over_budget_error, parse_cost
+from .budget import get_budget, over_budget_error, parse_cost
 from .codecs import FORMATS, RAW_FORMATS, output_rate
 from .conf import conf
 from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError, fatal
@@ -144,7 +144,7 @@ def parse_message(raw, *, handshake=False):
 
 
 async def parse_large_config(raw):
-    """parse_message for a handshake of LARGE_FRAME_BYTES or more, in a thread (the loop stays
+    """parse_message for a large handshake (session.py: over 1 MiB), in a thread (the loop stays
     free), with what parsing adds reserved in the process's budget first (speech.budget): JSON that
     is mostly structure grows several times over when parsed. Over budget: the capacity error, 4013."""
     cost = await asyncio.to_thread(parse_cost, raw)

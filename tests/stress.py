@@ -17,7 +17,6 @@ import json
 import os
 import sqlite3
 import threading
-import time
 from dataclasses import dataclass, field
 
 from websockets.exceptions import ConnectionClosed
@@ -119,13 +118,6 @@ class Tally:
         if code not in CONTRACT_CLOSES:
             self.problems.append(f"close code {code}")
 
-    def merge(self, other):
-        for name in ("frames", "sessions", "accepted", "lost", "refused", "configured"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.problems += other.problems
-        self.errors.update(other.errors)
-        self.closes.update(other.closes)
-
 
 async def _send(ws, kind, data):
     if kind == "binary":
@@ -166,8 +158,8 @@ async def bounded(coros, concurrency):
 async def fuzz_first_frame(url, kind, data, tally):
     tally.frames += 1
     tally.sessions += 1
-    async with contextlib.AsyncExitStack() as stack:
-        ws = await stack.enter_async_context(await open_session(url))
+    ws = await open_session(url)
+    try:
         try:
             await _send(ws, kind, data)
             first = await recv_item(ws, timeout=READ_S)
@@ -179,6 +171,8 @@ async def fuzz_first_frame(url, kind, data, tally):
             if first.data.get("type") == "session.configured":
                 await send_json(ws, {"type": "input.done"})
         await _drain(ws, tally)
+    finally:
+        await ws.close()
 
 
 async def fuzz_session(url, rng, count, tally):

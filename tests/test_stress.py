@@ -16,7 +16,7 @@ import pytest
 from speech.budget import FRAME_COST_FACTOR, OVER_BUDGET_MESSAGE, Budget
 from speech.engines.base import EngineError
 from speech.engines.text import for_engine, for_number_reader
-from tests.live import configure, open_session, run_session, send_json, serving, wait_for
+from tests.live import open_session, run_session, send_json, serving, wait_for
 from tests.stress import ProcWatch, active_sessions, disconnects, frame_header, fuzz, raw_upgrade, tracebacks
 from tests.stress_load import large_config, large_configs, overload_burst, probe_first_audio
 
