@@ -84,19 +84,25 @@ async def read_frame(reader):
 
 
 async def _over_budget_reply(server):
-    """While one connection holds a 16 MiB frame in flight, another announces one: the second is
-    refused from the frame header on, before its payload."""
-    _held_reader, holder = await raw_upgrade(server.host, server.port)
-    holder.write(frame_header(CONFIG_BYTES) + b'{"type":"session.config","padding":"')
-    await holder.drain()
-    await asyncio.sleep(0.2)  # the holder's header is read; the reply below proves it was
-    reader, writer = await raw_upgrade(server.host, server.port)
-    writer.write(frame_header(CONFIG_BYTES))
-    await writer.drain()
-    frames = [await read_frame(reader), await read_frame(reader)]
-    holder.transport.abort()  # gone in the middle of its frame: its reservation must be released
-    writer.transport.abort()
-    return frames
+    """Two connections announce a 16 MiB frame and send only its start: the default budget takes
+    one (3 x 16 MiB of 64 MiB), so whichever header the server reads second is refused at once,
+    before its payload. Returns that connection's two frames; both clients then vanish mid-frame."""
+    connections = [await raw_upgrade(server.host, server.port) for _ in range(2)]
+    for _reader, writer in connections:
+        writer.write(frame_header(CONFIG_BYTES) + b'{"type":"session.config","padding":"')
+        await writer.drain()
+
+    async def reply(reader):
+        return [await read_frame(reader), await read_frame(reader)]
+
+    waits = [asyncio.create_task(reply(reader)) for reader, _writer in connections]
+    done, pending = await asyncio.wait(waits, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    for _reader, writer in connections:  # gone in the middle of their frames: reservations must be released
+        writer.transport.abort()
+    assert len(done) == 1, "no connection was refused"
+    return done.pop().result()
 
 
 def test_large_frame_over_budget_is_refused_at_its_header(server):
