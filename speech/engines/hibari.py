@@ -9,6 +9,7 @@ the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 
@@ -37,22 +38,35 @@ def available_voices():
     return tuple(present)
 
 
-def load_voice(name):
-    """Hibari for one voice, its onnxruntime session rebuilt with the CPU memory arena off.
+def _session(path):
+    """An onnxruntime session as Hibari builds one (one thread), with the CPU memory arena off.
 
-    The arena keeps the largest buffers any sentence needed for the life of the process (measured:
-    +20 MB after a few long sentences, never returned); without it, freed buffers go back to malloc
+    The arena keeps the largest buffers any call needed for the life of the process (measured:
+    +20 MB after a few long sentences, never returned); without it freed buffers go back to malloc
     and speech.memory's trims return them to the OS. Measured no slower (30 long sentences: 3.1-3.4 s
     without the arena, 4.0-4.2 s with it, on this 2-core machine)."""
     import onnxruntime as ort
-    from hibari import Hibari
 
-    tts = Hibari(voice=name, threads=1)
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
-    tts.sess = ort.InferenceSession(tts.model_path, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def load_voice(name):
+    """Hibari for one voice, its acoustic model and its G2P's out-of-vocabulary net on sessions
+    without the arena. The OOV net is loaded now: Hibari would load it (measured 26 ms) on the first
+    word its lexicon lacks, i.e. inside some client's sentence."""
+    from hibari import Hibari
+    from hibari.g2p import G2P
+    from hibari.g2p.oov import ASSETS, OOV
+    from hibari.voices import VOICES
+
+    british = VOICES[name]["british"]
+    oov_path = os.path.join(ASSETS, "oov_gb.onnx" if british else "oov.onnx")
+    tts = Hibari(voice=name, threads=1, g2p=G2P(oov=OOV(oov_path, session=_session(oov_path)), british=british))
+    tts.sess = _session(tts.model_path)
     return tts
 
 
