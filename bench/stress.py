@@ -57,13 +57,19 @@ SERVER_ENV = {"SPEECH_ENGINE_WORKERS": "2", "SPEECH_MAX_LEAD_S": "0"}
 def settle(server, watch):
     """The server is idle again: no active session in its registry, and RSS no longer falling."""
     wait_for(lambda: active_sessions(server) == 0, "sessions ended", timeout=120)
+    return steady_rss(watch)
+
+
+def steady_rss(watch):
+    """RSS once it stops moving (a trim follows the last disconnect within about a second, speech.memory)."""
     last = watch.rss()
-    for _ in range(20):  # a trim follows the last disconnect within about a second (speech.memory)
+    for _ in range(20):
         time.sleep(0.5)
         now = watch.rss()
         if abs(now - last) < 0.005 * last:
-            break
+            return now
         last = now
+    return last
 
 
 def measure(server, watch, name, size, run):
@@ -112,9 +118,9 @@ def run_idle(server, watch, count):
 
     async def hold(n):
         wait_for(lambda: active_sessions(server) >= n, "idle sessions registered", timeout=120)
-        held["rss"] = watch.rss()
+        held["rss"] = steady_rss(watch)
 
-    base = watch.rss()
+    base = steady_rss(watch)
     tally = asyncio.run(idle_sessions(server.ws_url, count, hold))
     return tally, f"{(held['rss'] - base) / count / 1024:.0f} KiB a session while open"
 

@@ -49,10 +49,14 @@ def _glibc():
 
 
 def configure_allocator():
-    """At start-up, before the worker threads exist: fix glibc's mmap threshold."""
+    """At start-up, before the worker threads exist: fix glibc's mmap threshold. True if it was."""
     libc = _glibc()
-    if libc is not None and not libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
+    if libc is None:
+        return False
+    if not libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
         logger.warning("mallopt(M_MMAP_THRESHOLD) was refused; freed large blocks may stay in the heap")
+        return False
+    return True
 
 
 def trim():

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import threading
 import unicodedata
 
 import pytest
@@ -142,6 +143,21 @@ def test_budget_reservations_release_when_dropped():
     second.release()
     second.release()
     assert budget.used == 0 and budget.peak == 70
+
+
+async def test_trims_after_frees_are_coalesced_and_run_off_the_loop(monkeypatch):
+    from speech import memory
+
+    loop_thread = threading.get_ident()
+    trims = []
+    monkeypatch.setattr(memory, "trim", lambda: trims.append(threading.get_ident()))
+    for _ in range(5):
+        memory.release_free_memory()
+    deadline = asyncio.get_running_loop().time() + 10
+    while not trims and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert len(trims) == 1 and trims[0] != loop_thread
+    assert memory.configure_allocator()  # glibc: the mmap threshold is fixed
 
 
 def test_default_budget_takes_one_largest_config():
