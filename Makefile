@@ -48,6 +48,8 @@ bench: install-dev migrate
 	$(PY) bench/audio_cost.py
 	$(PY) bench/cancel.py
 	$(PY) bench/upstream.py
+	$(PY) bench/throughput.py
+	$(PY) bench/handshake.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -11,8 +11,8 @@ raw formats through a `RawEncoder` chunk by chunk, file formats as one `encode_f
 The cost is the median over `--repeat` passes, in ms per second of audio; "resample" is the chain
 alone, "encode" the rest. Target: resampling + encoding under 10 % of the synthesis time of the same
 audio (ratio < 0.10). Also the time-stretch (atempo) of speeds 0.25 and 4.0, both as planned for
-Hibari (engine 0.5 / 2.0, then atempo 0.5 / 2.0 on that audio) and all by atempo (an engine without
-rate control), against the synthesis time of the audio it stretches.
+the engine (`plan_speed` with its speed range; Hibari's is 1.0-1.0, so atempo does all of it) and
+all by atempo from speed-1.0 audio, against the synthesis time of the audio it stretches.
 
 Writes/replaces the section "## Encoding and resampling cost (bench/audio_cost.py)" of bench/RESULTS.md.
 """
@@ -152,7 +152,7 @@ async def run(repeat):
             print(f"{fmt:5s} {rate:5d} -> {out_rate:5d}: resample {resample_ms:6.2f}  total {total_ms:6.2f} ms/s  "
                   f"ratio {ratio:5.2f}  {verdict(ratio)}", flush=True)
 
-    # Time-stretch. Hibari's plan: the engine does 0.5 / 2.0, atempo the rest; all-atempo: from speed 1.0 audio.
+    # Time-stretch. The engine's plan (plan_speed over its speed range), then all-atempo from speed 1.0 audio.
     stretch_rows = []
     for speed in (0.25, 4.0):
         engine_speed, stretch = plan_speed(speed, engine.capabilities.speed_range)

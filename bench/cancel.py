@@ -1,10 +1,10 @@
 """Cancel latency: a local `input.cancel`, and a REST cancel on another instance, over real sockets.
 
-    .venv/bin/python bench/cancel.py [--trials 200] [--lead 20] [--redis-url URL] [--no-write] [--strict]
+    .venv/bin/python bench/cancel.py [--trials 200] [--redis-url URL] [--no-write] [--strict]
 
 Starts a private `redis-server` (free port, no persistence; or uses --redis-url) and two daphne
 instances A and B (`manage.py serve`, tests/live.py) sharing it and a temp SQLite database, engine
-Hibari, SPEECH_MAX_LEAD_S = --lead (default: the product's 20 s). Sessions live on A and are reused:
+Hibari. Sessions live on A and are reused (their clients take 16 KiB a socket, see tests/live.py):
 after every cancel the next trial speaks a new utterance on the same socket (new text after a cancel
 takes the next free sentence index).
 
@@ -12,15 +12,16 @@ takes the next free sentence index).
     binary frame, then the client reads to input.cancelled. Per trial: binary frames received after
     the cancel was sent, time from sending it to the last of those frames, to the cancelled
     audio.done and to input.cancelled. Two regimes, alternating:
-      * paced: the cancel comes N = 1..8 frames after delivery became paced (the server has used
-        up its lead and sends a 40 ms frame every 40 ms), so the client has read everything the
-        server sent: frames after the cancel are frames the server sent after getting it. The target
-        "stops within one audio chunk" is checked here: at most 1 frame after the cancel, every trial.
+      * held: the client reads N = 1..8 frames, then stops reading until A holds the session
+        (backpressure: A's `speech_sessions_held` gauge), then cancels. A's own audio-bytes counter
+        (`speech_audio_sent_bytes_total`) before the cancel and after input.cancelled gives the
+        audio the server sent after getting the cancel. The target "stops within one audio frame"
+        is checked here: at most 1 frame, every trial. (The client still reads what was already
+        in the socket buffers; those frames are counted separately, for information.)
       * burst: the cancel comes after the N-th frame of the utterance, N = 1..40, while the server
-        is still pushing audio ahead of real time (up to the lead). The count mixes frames already
-        on their way when the cancel was sent (they arrive after it whatever the server does) with
-        any the server sent after getting it; shown for information.
-(2) Cross-instance: a session on A speaks (paced), `POST /v1/audio/speech/sessions/<id>/cancel` on B
+        is still pushing audio as fast as the client reads. The count mixes frames already on
+        their way when the cancel was sent with any the server sent after getting it.
+(2) Cross-instance: a session on A speaks (held, as above), `POST /v1/audio/speech/sessions/<id>/cancel` on B
     over one kept-alive HTTP connection (http.client, in a thread while the loop keeps reading A's
     socket); latency from just before the request to the arrival of input.cancelled (origin "server")
     on A's socket. Target: p99 < 50 ms.
@@ -49,14 +50,15 @@ sys.path.insert(0, str(ROOT))
 
 from report import RESULTS, header, write_section  # noqa: E402
 
-from tests.live import DaphneServer, configure, open_session, recv_item, send_json  # noqa: E402
+from tests.live import DaphneServer, configure, held, metric, open_session, recv_item, send_json  # noqa: E402
 from tests.test_redis_faults import RedisServer  # noqa: E402
 
 SECTION = "## Cancel latency (bench/cancel.py)"
-TARGET_FRAMES_AFTER = 1  # local: at most one audio frame after input.cancel (paced regime, every trial)
+TARGET_FRAMES_AFTER = 1  # local: at most one audio frame sent after input.cancel (held regime, every trial)
 TARGET_CROSS_P99_MS = 50.0
 RATE = 24000
-FRAME_BYTES = int(RATE * 0.04) * 2  # the server streams 40 ms frames of 16-bit pcm
+FRAME_BYTES = int(RATE * 0.2) * 2  # the server streams 200 ms frames of 16-bit pcm after each segment's first
+AUDIO_SENT = "speech_audio_sent_bytes_total"
 WARM_UP = 5
 SENTENCES = [
     "The train leaves the station at seven and arrives in the city shortly after nine.",
@@ -89,7 +91,7 @@ class Socket:
 
     @classmethod
     async def open(cls, url):
-        ws = await open_session(url)
+        ws = await open_session(url, small_buffers=True)
         configured = await configure(ws, {"response_format": "pcm", "stream_audio": True})
         return cls(ws, configured["session_id"])
 
@@ -109,18 +111,9 @@ class Socket:
             elif item.data["type"] in ("error", "session.done"):
                 raise RuntimeError(f"unexpected event while speaking: {item.data}")
 
-    async def until_paced(self, lead_s):
-        """Read frames until the server is pacing: it has sent its whole lead, i.e. the audio received
-        is (within 20 ms, half a frame) the lead plus the time since the utterance's first frame."""
-        received, first = 0, None
-
-        def paced(count, item):
-            nonlocal received, first
-            first = item.at if first is None else first
-            received += len(item.data)
-            return received / (2 * RATE) >= lead_s + (item.at - first) - 0.02
-
-        await self.frames(paced)
+    async def until_held(self, server):
+        """Stop reading until `server` holds this session mid-segment (backpressure)."""
+        await asyncio.to_thread(held, server)
 
     async def after_cancel(self, t0):
         """Read to input.cancelled. Returns a dict of what came after t0."""
@@ -144,21 +137,25 @@ class Socket:
 
 # -- (1) local input.cancel --------------------------------------------------------------------------------
 
-async def local_trials(url, trials, lead_s, rng):
-    sock = await Socket.open(url)
+async def local_trials(server, trials, rng):
+    sock = await Socket.open(server.ws_url)
     results = []
     try:
         for trial in range(-WARM_UP, trials):
-            regime = "paced" if trial % 2 == 0 else "burst"
-            n = rng.randint(1, 8) if regime == "paced" else rng.randint(1, 40)
-            await sock.speak(utterance(trial, 8 if regime == "burst" else 8 + int(lead_s / 3.5)))
-            if regime == "paced":
-                await sock.until_paced(lead_s)
+            regime = "held" if trial % 2 == 0 else "burst"
+            n = rng.randint(1, 8) if regime == "held" else rng.randint(1, 40)
+            await sock.speak(utterance(trial, 12))
             await sock.frames(lambda count, item: count >= n)
+            if regime == "held":
+                await sock.until_held(server)
+                sent_before = await asyncio.to_thread(metric, server, AUDIO_SENT)
             t0 = time.perf_counter()
             await send_json(sock.ws, {"type": "input.cancel"})
             result = await sock.after_cancel(t0)
             assert result["event"]["origin"] == "client", result["event"]
+            if regime == "held":
+                sent_after = await asyncio.to_thread(metric, server, AUDIO_SENT) - sent_before
+                result["server_frames_after"] = -(-int(sent_after) // FRAME_BYTES)
             if trial >= 0:
                 results.append({"regime": regime, "n": n, **result})
     finally:
@@ -185,16 +182,16 @@ class KeptAlive:
         self.conn.close()
 
 
-async def cross_trials(a_url, b_server, trials, lead_s):
-    sock = await Socket.open(a_url)
+async def cross_trials(a_server, b_server, trials):
+    sock = await Socket.open(a_server.ws_url)
     client = KeptAlive(b_server.host, b_server.port)
     path = f"/v1/audio/speech/sessions/{sock.session_id}/cancel"
     results = []
     try:
         for trial in range(-WARM_UP, trials):
-            await sock.speak(utterance(trial, 8 + int(lead_s / 3.5)))
-            await sock.until_paced(lead_s)
-            await sock.frames(lambda count, item: True)  # right after a frame: the server is mid-segment
+            await sock.speak(utterance(trial, 12))
+            await sock.frames(lambda count, item: True)
+            await sock.until_held(a_server)  # the server is mid-segment
             t0 = time.perf_counter()
             request = asyncio.ensure_future(asyncio.to_thread(client.post, path))
             result = await sock.after_cancel(t0)
@@ -233,11 +230,11 @@ def table(rows):
 
 def frames_table(local):
     """Distribution of binary frames received after input.cancel was sent, per regime."""
-    regimes = ["paced", "burst"]
+    regimes = ["held", "burst"]
     counts = {r: collections.Counter(t["frames_after"] for t in local if t["regime"] == r) for r in regimes}
     totals = {r: sum(counts[r].values()) for r in regimes}
     buckets = [(0, 0), (1, 1), (2, 2), (3, 5), (6, 10), (11, 25), (26, 10**9)]
-    lines = ["| frames after input.cancel | paced | burst |", "|---|---:|---:|"]
+    lines = ["| frames the client read after input.cancel | held | burst |", "|---|---:|---:|"]
     for low, high in buckets:
         label = str(low) if low == high else (f"{low}-{high}" if high < 10**9 else f">= {low}")
         cells = []
@@ -258,20 +255,19 @@ def frames_table(local):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200, help="trials of each kind (local, cross-instance)")
-    parser.add_argument("--lead", type=float, default=20.0, help="SPEECH_MAX_LEAD_S of the servers (s)")
     parser.add_argument("--redis-url", default=None, help="use this Redis instead of a private redis-server")
     parser.add_argument("--seed", type=int, default=1, help="seed of the N choices")
     parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
     args = parser.parse_args(argv)
     command = "python bench/cancel.py" + (f" --trials {args.trials}" if args.trials != 200 else "") + (
-        f" --lead {args.lead:g}" if args.lead != 20.0 else "") + (" --redis-url URL" if args.redis_url else "")
+        " --redis-url URL" if args.redis_url else "")
 
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="bench-cancel-"))
     redis_server = None if args.redis_url else RedisServer().start()
     redis_url = args.redis_url or redis_server.url(0)
-    env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_MAX_LEAD_S": str(args.lead),
+    env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
            "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
            "MEDIA_ROOT": str(workdir / "media")}
     servers = []
@@ -282,9 +278,9 @@ def main(argv=None):
         servers.append(b)
         rng = random.Random(args.seed)
         print(f"servers up: A {a.http_url}, B {b.http_url}, Redis {redis_url}", flush=True)
-        local = asyncio.run(local_trials(a.ws_url, args.trials, args.lead, rng))
+        local = asyncio.run(local_trials(a, args.trials, rng))
         print(f"local: {len(local)} trials in {time.monotonic() - started:.0f} s", flush=True)
-        cross = asyncio.run(cross_trials(a.ws_url, b, args.trials, args.lead))
+        cross = asyncio.run(cross_trials(a, b, args.trials))
         print(f"cross-instance: {len(cross)} trials in {time.monotonic() - started:.0f} s", flush=True)
     finally:
         for server in servers:
@@ -299,10 +295,10 @@ def main(argv=None):
     shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.monotonic() - started
 
-    paced = [t for t in local if t["regime"] == "paced"]
+    held_trials = [t for t in local if t["regime"] == "held"]
     burst = [t for t in local if t["regime"] == "burst"]
     local_rows = []
-    for name, group in (("paced", paced), ("burst", burst)):
+    for name, group in (("held", held_trials), ("burst", burst)):
         local_rows += [
             (f"{name}: cancel -> last frame after it (trials with one)",
              stats_ms([t["last_frame_s"] for t in group if t["last_frame_s"] is not None])),
@@ -311,16 +307,16 @@ def main(argv=None):
         ]
     cross_rows = [("REST cancel on B -> input.cancelled on A", stats_ms([t["cancelled_s"] for t in cross])),
                   ("REST response (202) on B", stats_ms([t["rest_s"] for t in cross]))]
-    worst_paced = max(t["frames_after"] for t in paced)
-    within = sum(1 for t in paced if t["frames_after"] <= TARGET_FRAMES_AFTER)
-    local_verdict = "PASS" if worst_paced <= TARGET_FRAMES_AFTER else "FAIL"
+    worst_held = max(t["server_frames_after"] for t in held_trials)
+    within = sum(1 for t in held_trials if t["server_frames_after"] <= TARGET_FRAMES_AFTER)
+    local_verdict = "PASS" if worst_held <= TARGET_FRAMES_AFTER else "FAIL"
     cross_p99 = cross_rows[0][1]["p99"]
     cross_verdict = "PASS" if cross_p99 < TARGET_CROSS_P99_MS else "FAIL"
 
     report_local = frames_table(local) + "\n\n" + table(local_rows)
     report_cross = table(cross_rows)
-    verdict = (f"Verdict: local (paced) at most {TARGET_FRAMES_AFTER} frame after input.cancel in {within}/{len(paced)} "
-               f"trials, worst {worst_paced} **{local_verdict}**; cross-instance p99 {cross_p99:.2f} ms "
+    verdict = (f"Verdict: local (held) at most {TARGET_FRAMES_AFTER} frame sent by the server after input.cancel in "
+               f"{within}/{len(held_trials)} trials, worst {worst_held} **{local_verdict}**; cross-instance p99 {cross_p99:.2f} ms "
                f"(target < {TARGET_CROSS_P99_MS:g} ms) **{cross_verdict}**.")
     print()
     print(report_local)
@@ -332,22 +328,22 @@ def main(argv=None):
     section = "\n".join([
         *header(SECTION, command),
         f"* Run time: {elapsed:.0f} s",
-        f"* Two daphne instances (`manage.py serve`, engine Hibari, SPEECH_MAX_LEAD_S={args.lead:g}) sharing a "
+        "* Two daphne instances (`manage.py serve`, engine Hibari) sharing a "
         f"temp SQLite database and {'a private redis-server' if redis_server else 'Redis'}; one reused WebSocket "
         "session on A per part (pcm, stream_audio, a new utterance after every cancel). "
         f"{WARM_UP} warm-up trials per part not counted; percentiles by linear interpolation.",
-        f"* (1) Local `input.cancel`, {len(local)} trials, alternating: *paced* = sent 1-8 frames after delivery "
-        "became paced (the server has used up its lead and sends a 40 ms frame every 40 ms, so the client has "
-        "read all it was sent: a frame after the cancel is one the server sent after getting it); *burst* = "
-        "sent after the N-th frame of an utterance, N = 1-40, while the server still pushes audio ahead of "
-        "real time (this count mixes frames that were already on their way when the cancel was sent, which "
-        "arrive after it whatever the server does, with any the server sent after getting it; for "
-        "information). Target: at most one frame after the cancel (paced, every trial).",
+        f"* (1) Local `input.cancel`, {len(local)} trials, alternating: *held* = the client read 1-8 frames, "
+        "then stopped reading until the server held the session (backpressure), then cancelled; the server's "
+        "own audio counter says what it sent after the cancel; *burst* = sent after the N-th frame of an "
+        "utterance, N = 1-40, while the server still pushes audio as fast as the client reads. The tables count "
+        "frames the client read after sending the cancel, which includes what was already in the socket "
+        "buffers (for information). Target: the server sends at most one frame after the cancel (held, every "
+        "trial).",
         "",
         report_local,
         "",
         f"* (2) Cross-instance, {len(cross)} trials: `POST /v1/audio/speech/sessions/<id>/cancel` on B over one "
-        "kept-alive HTTP connection while A's session speaks (paced), from just before the request to "
+        "kept-alive HTTP connection while A's session is held mid-segment, from just before the request to "
         "`input.cancelled` (origin server) on A's socket. Target: p99 < 50 ms.",
         "",
         report_cross,

@@ -4,8 +4,7 @@
     .venv/bin/python bench/stress.py --soak MINUTES      # not in CI: memory slope under a steady mix
 
 Starts its own `manage.py serve` (tests/live.DaphneServer: free port, private SQLite) with
-SPEECH_ENGINE_WORKERS=2 and SPEECH_MAX_LEAD_S=0 (clients here read as fast as they can; the lead
-limit would only pace them to real time), and a private `redis-server` for the Redis scenario.
+SPEECH_ENGINE_WORKERS=2, and a private `redis-server` for the Redis scenario.
 Scenarios (full size; --reduced divides them to prove the script works in a minute or two):
 
   fuzz         10,000 hostile frames (tests/fuzz_frames.py): wrong types for every config field, huge
@@ -51,7 +50,7 @@ FULL = {"fuzz": 10_000, "disconnects": 1_000, "idle": 1_000, "stalled": (20, 30.
         "configs": (20, 16 * 1024 * 1024 - 64), "redis": (8, 20)}
 REDUCED = {"fuzz": 600, "disconnects": 60, "idle": 60, "stalled": (5, 4.0), "burst": (6, 6),
            "configs": (20, 16 * 1024 * 1024 - 64), "redis": (3, 6)}
-SERVER_ENV = {"SPEECH_ENGINE_WORKERS": "2", "SPEECH_MAX_LEAD_S": "0"}
+SERVER_ENV = {"SPEECH_ENGINE_WORKERS": "2"}
 
 
 def settle(server, watch):
@@ -269,7 +268,7 @@ def main():
     if not args.no_write:
         command = "python bench/stress.py" + (" --reduced" if args.reduced else "")
         lines = header(SECTION, command) + [
-            "* Server: `manage.py serve`, Hibari, SPEECH_ENGINE_WORKERS=2, SPEECH_MAX_LEAD_S=0, private Redis; "
+            "* Server: `manage.py serve`, Hibari, SPEECH_ENGINE_WORKERS=2, private Redis; "
             "RSS after = once the registry shows no session and RSS has settled.",
             *(["* Reduced sizes (`--reduced`): proves the script works; not figures of record."] if args.reduced else []),
             "", HEAD] + [format_row(row) for row in rows]

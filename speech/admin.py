@@ -8,7 +8,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import signals, voices
+from . import control, voices
 from .models import ApiKey, SessionRecord, Voice
 
 
@@ -170,16 +170,16 @@ class SessionRecordAdmin(admin.ModelAdmin):
         live = list(queryset.filter(status=SessionRecord.ACTIVE).values_list("session_id", flat=True))
         try:
             for session_id in live:
-                signals.get_bus().publish(signals.signal(kind, session_id))
-        except signals.SignalsUnavailable as exc:
+                control.send_sync(kind, session_id)
+        except control.SignalsUnavailable as exc:
             self.message_user(request, str(exc), messages.ERROR)
             return
         self.message_user(request, f"Sent {kind} to {len(live)} live session(s).", messages.SUCCESS)
 
     @admin.action(description="Cancel current speech", permissions=["view"])
     def cancel_speech(self, request, queryset):
-        self._signal(request, queryset, signals.CANCEL)
+        self._signal(request, queryset, control.CANCEL)
 
     @admin.action(description="Terminate", permissions=["view"])
     def terminate(self, request, queryset):
-        self._signal(request, queryset, signals.TERMINATE)
+        self._signal(request, queryset, control.TERMINATE)

@@ -1,8 +1,8 @@
 """REST endpoints: one-shot speech (OpenAI-compatible), reference voices (sglang-omni compatible),
 browser tokens, session control.
 
-Errors use the contract's envelope `{"error": {"message", "type", "param", "code"}}` (§8). With
-SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
+Errors use the envelope `{"error": {"message", "type", "param", "code"}}` (docs/protocol.md, REST
+endpoints). With SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 
 import numpy as np
 from asgiref.sync import sync_to_async
@@ -18,11 +19,11 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import auth, oneshot, protocol, registry, signals, voices
+from . import auth, control, oneshot, protocol, registry, voices
 from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .conf import conf
 from .engines import EngineBusy, get_engine
-from .errors import BAD_REQUEST, SERVER_ERROR, SpeechError
+from .errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
 from .models import Voice
 
 logger = logging.getLogger(__name__)
@@ -143,29 +144,38 @@ def not_found(request, exception=None):
     return error(404, "not found", type="not_found_error")
 
 
+def _not_live(session_id):
+    return error(404, f"no live session '{session_id}'", type="not_found_error", param="session_id")
+
+
 def _signal(request, session_id, kind):
+    if not control.SESSION_ID.fullmatch(session_id):  # never a session: no need to ask anyone
+        return _not_live(session_id)
     record = registry.live_session(session_id, request.api_key if conf.REQUIRE_API_KEY else None)
-    bus = signals.get_bus()
     try:
-        if record is not None and not bus.instance_alive(record.instance):
-            registry.lost(record)  # its instance died without closing it
-            record = None
-        if record is None:
-            return error(404, f"no live session '{session_id}'", type="not_found_error", param="session_id")
-        bus.publish(signals.signal(kind, session_id))
-    except signals.SignalsUnavailable as exc:
+        if record is not None:
+            if not control.instance_alive_sync(record.instance):
+                registry.lost(record)  # its instance died without closing it (its group entry remains)
+                return _not_live(session_id)
+        # Without keys a session's row is written just after its handshake: in the first milliseconds
+        # (no row at all yet) its group membership says it is live. With keys the row comes first and
+        # says whose it is. A session with an ended row is over, whatever group entry a crash left.
+        elif conf.REQUIRE_API_KEY or registry.recorded(session_id) or not control.has_members_sync(session_id):
+            return _not_live(session_id)
+        control.send_sync(kind, session_id)
+    except control.SignalsUnavailable as exc:
         return error(503, str(exc), type=SERVER_ERROR)
     return JsonResponse({"session_id": session_id, "signal": kind, "status": "accepted"}, status=202)
 
 
 @api_view("POST")
 def session_cancel(request, session_id):
-    return _signal(request, session_id, signals.CANCEL)
+    return _signal(request, session_id, control.CANCEL)
 
 
 @api_view("DELETE")
 def session_terminate(request, session_id):
-    return _signal(request, session_id, signals.TERMINATE)
+    return _signal(request, session_id, control.TERMINATE)
 
 
 CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
@@ -203,6 +213,11 @@ async def speech(request):
             raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
     except SpeechError as exc:
         return error(exc.code or 400, exc.message, type=exc.error_type, param=exc.param)
+    wait = engine.estimated_wait()
+    if wait > conf.MAX_QUEUE_WAIT_S:  # overloaded: refused before any work is accepted, as sessions are
+        response = error(503, QUEUE_FULL_MESSAGE, type=SERVER_ERROR)
+        response["Retry-After"] = str(math.ceil(wait))
+        return response
     audio = oneshot.synthesize(engine, config, text)
     if stream:
         try:  # the first audio before the headers: a failure is still a proper error response

@@ -1,4 +1,4 @@
-"""Django for the machine-facing HTTP paths (`/v1/…`, `/healthz`), without the browser middleware.
+"""Django for the machine-facing HTTP paths (`/v1/…`, `/healthz`, `/health`, `/metrics`), without the browser middleware.
 
 Django's built-in middleware (security headers, sessions, CSRF, auth, messages, clickjacking) are
 sync-only: under ASGI each costs two thread hops per request. The REST API needs none of them (API
@@ -10,7 +10,9 @@ time to first audio with it. Everything else (the admin, its static files) keeps
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 
-API_PREFIXES = ("/v1/", "/healthz")
+from . import metrics
+
+API_PREFIXES = ("/v1/", "/health", "/metrics")
 
 
 class APIHandler(ASGIHandler):
@@ -21,6 +23,11 @@ class APIHandler(ASGIHandler):
         self._exception_middleware = []
         self._middleware_chain = convert_exception_to_response(
             self._get_response_async if is_async else self._get_response)
+
+    async def get_response_async(self, request):
+        response = await super().get_response_async(request)
+        metrics.rest_request(request, response)  # every API request, by route name and status
+        return response
 
 
 class PathRouter:

@@ -19,8 +19,8 @@ def check_speech_settings(app_configs, **kwargs):
             id="speech.E001"))
     if conf.ENGINE_WORKERS < 1:
         errors.append(checks.Error("SPEECH_ENGINE_WORKERS must be at least 1.", id="speech.E002"))
-    if conf.ENGINE_QUEUE_SIZE < 0:
-        errors.append(checks.Error("SPEECH_ENGINE_QUEUE_SIZE must not be negative.", id="speech.E003"))
+    if conf.MAX_QUEUE_WAIT_S <= 0:
+        errors.append(checks.Error("SPEECH_MAX_QUEUE_WAIT_S must be positive.", id="speech.E003"))
     for name in ("CONFIG_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_CONFIG_BYTES", "MAX_MESSAGE_BYTES",
                  "MAX_PENDING_CHARS", "MAX_SEGMENT_CHARS"):
         if getattr(conf, name) <= 0:

@@ -1,4 +1,4 @@
-"""The audio encodings of the contract (§4), on FFmpeg's encoders through PyAV.
+"""The audio encodings of the protocol (docs/protocol.md, Binary frames), on FFmpeg's encoders through PyAV.
 
 Raw formats (`pcm`, `mulaw`, `alaw`) can stream: a `RawEncoder` turns each chunk into bytes on
 its own (G.711 is one byte a sample, no state). The others are one complete, independently
@@ -16,7 +16,7 @@ import numpy as np
 from .audio import pcm16
 
 RAW_FORMATS = ("pcm", "mulaw", "alaw")
-# format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (~160x real time)
+# format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (~130x real time, docs/engines.md)
 # that encoders dominate the cost: LAME's -q 7 and FFmpeg AAC's fast coder halve it, with no
 # audible loss on speech (bench/audio_cost.py).
 FILE_FORMATS = {

@@ -1,7 +1,9 @@
 """The speech app's settings, read from django.conf.settings with their defaults.
 
-Modelled on django-cors-headers' conf.py: one place that names every setting, so the code
-asks `conf.MAX_PENDING_CHARS` and tests can override a setting with `override_settings`.
+Modelled on django-cors-headers' conf.py: the code asks `conf.MAX_PENDING_CHARS` and tests can
+override a setting with `override_settings`. It names every SPEECH_* setting but one:
+SPEECH_INSTANCE_ID is read straight from django.conf.settings by speech/registry.py, as REDIS_URL
+is by the cross-instance control plane. The README's Settings table lists every setting.
 """
 
 import os
@@ -11,7 +13,7 @@ from django.conf import settings
 DEFAULTS = {
     "SPEECH_ENGINE": "hibari",
     "SPEECH_ENGINE_WORKERS": os.cpu_count() or 1,
-    "SPEECH_ENGINE_QUEUE_SIZE": 32,
+    "SPEECH_MAX_QUEUE_WAIT_S": 2.0,
     "SPEECH_CONFIG_TIMEOUT_S": 10.0,
     "SPEECH_IDLE_TIMEOUT_S": 30.0,
     "SPEECH_MAX_CONFIG_BYTES": 16 * 1024 * 1024,
@@ -19,7 +21,6 @@ DEFAULTS = {
     "SPEECH_MAX_MESSAGE_BYTES": 131072,
     "SPEECH_MAX_PENDING_CHARS": 262144,
     "SPEECH_MAX_SEGMENT_CHARS": 4096,
-    "SPEECH_MAX_LEAD_S": 20.0,
     "SPEECH_ALLOWED_ORIGINS": [],
     "SPEECH_WARM_UP": True,
     "SPEECH_REQUIRE_API_KEY": False,
@@ -33,6 +34,7 @@ DEFAULTS = {
     "SPEECH_UPSTREAM_READ_TIMEOUT_S": 30.0,
     "SPEECH_UPSTREAM_RETRIES": 2,
     "SPEECH_UPSTREAM_MAX_CONNECTIONS": 100,
+    "SPEECH_METRICS_TOKEN": "",
 }
 
 

@@ -12,13 +12,13 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import auth, registry, voices
+from . import auth, control, metrics, registry, voices
 from .conf import conf
 from .engines import get_engine
-from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError
+from .errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError, at_capacity
+from .flowcontrol import SCOPE_KEY
 from .protocol import Limits
 from .session import SpeechSession
-from .signals import get_bus
 from .slots import Lease, get_slots
 
 
@@ -34,7 +34,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.session = None
         self.api_key = None
         self.lease = None
-        self.registered = False
+        self.registering = None  # the registry row's write (a task), once configured
+        self.group = None  # the channel-layer group this session has joined
         self._open = False
         self._signal_tasks = set()
 
@@ -63,6 +64,10 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.session = SpeechSession(self, self.engine or get_engine(), Limits.from_settings(),
                                      find_voice=database_sync_to_async(voices.find_voice),
                                      on_configured=self._register)
+        metrics.session_started(self.session)
+        if self.session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
+            await self.session.refuse(at_capacity())  # before a slot is taken: nothing to give back
+            return
         if conf.REQUIRE_API_KEY:
             key = self.api_key = await database_sync_to_async(auth.websocket_key)(self.scope)
             if key is None:
@@ -105,34 +110,56 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     # -- registry and control signals ----------------------------------------------------------
     async def _register(self, session):
-        """session.configured is about to go out: record the session, listen for its signals."""
-        await database_sync_to_async(registry.opened)(
+        """session.configured is about to go out: join the session's group, so a cancel or terminate
+        sent from now on reaches it, and record it in the registry. Without keys the row is written in
+        the background (no database wait or thread hop in the handshake; the REST endpoints find the
+        session by its group until then); with keys the row says whose session it is, so it comes first."""
+        self.group = control.group(session.session_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.registering = asyncio.ensure_future(database_sync_to_async(registry.opened)(
             session.session_id, voice=session.config.voice, engine=session.engine.capabilities.name,
-            api_key=self.api_key)
-        self.registered = True
-        await get_bus().subscribe(session.session_id, self._on_signal)
+            api_key=self.api_key))
+        if self.api_key is not None:
+            await self.registering
+
+    async def speech_cancel(self, message):
+        self._on_signal(message)
+
+    async def speech_terminate(self, message):
+        self._on_signal(message)
 
     def _on_signal(self, message):
+        # Never held up here: the consumer's dispatch also carries the client's frames.
+        if self.session is None:
+            return
         task = asyncio.create_task(self.session.handle_signal(message))
         self._signal_tasks.add(task)
         task.add_done_callback(self._signal_tasks.discard)
 
     async def _ended(self):
         session = self.session
-        get_bus().unregister(session.session_id)
+        if self.group is not None:
+            group, self.group = self.group, None
+            await self.channel_layer.group_discard(group, self.channel_name)
         pending = [task for task in self._signal_tasks if task is not asyncio.current_task()]
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         await session.aclose()
+        metrics.session_ended(session)
         if self.lease is not None:
             await self.lease.release()
             self.lease = None
-        if self.registered:
-            self.registered = False
+        if self.registering is not None:
+            registering, self.registering = self.registering, None
+            try:
+                await registering
+            except Exception:  # the row was never written: nothing to close
+                logger.exception("could not record session %s in the registry", session.session_id)
+                return
             pipeline = session.pipeline
             await database_sync_to_async(registry.closed)(
-                session.session_id, status=session.outcome, segments=pipeline.announced,
+                session.session_id, status=session.outcome, segments=pipeline.sentences,
                 bytes_sent=pipeline.bytes_sent, first_audio_s=pipeline.first_audio_s)
 
     # -- the session's transport ---------------------------------------------------------------
@@ -141,6 +168,11 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             await self._send(text_data=self.encode_json(event))
 
     async def send_bytes(self, data):
+        """Audio waits while the client is not reading (speech/flowcontrol.py; absent in tests that
+        run the consumer without daphne)."""
+        flow = self.scope.get(SCOPE_KEY)
+        if flow is not None:
+            await flow.writable()
         if self._open:
             await self._send(bytes_data=data)
 

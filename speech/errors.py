@@ -1,6 +1,8 @@
-"""Errors of the speech protocol: the exact `error` events and close codes of the contract (§1, §4, §5)."""
+"""Errors of the speech protocol: the exact `error` events and close codes (docs/protocol.md, Errors, Close codes)."""
 
-# Close codes (contract §1): 4000 + the RFC 6455 code they stand for.
+from . import metrics
+
+# Close codes (docs/protocol.md, Close codes): 4000 + the RFC 6455 code they stand for.
 CLOSE_NORMAL = 1000
 CLOSE_TERMINATED = 4001
 CLOSE_POLICY = 4008
@@ -37,6 +39,7 @@ class SpeechError(Exception):
         if self.code is not None:
             body["code"] = self.code
         body.update(extra)
+        metrics.ERRORS.labels(self.error_type, "" if self.code is None else str(self.code)).inc()  # built to be sent
         return body
 
 
@@ -50,3 +53,8 @@ def fatal(message, param=None, *, close_code=CLOSE_POLICY):
 
 def server_error(message):
     return SpeechError(message, error_type=SERVER_ERROR, code=None)
+
+
+def at_capacity():
+    """The handshake's refusal when this instance cannot start a new session's speech in time."""
+    return SpeechError(QUEUE_FULL_MESSAGE, error_type=SERVER_ERROR, code=None, close_code=CLOSE_CAPACITY)

@@ -1,4 +1,4 @@
-"""Reference voices and API keys (the session registry arrives with the control plane)."""
+"""Reference voices, API keys and their browser tokens, and the session registry's records."""
 
 import hashlib
 import secrets

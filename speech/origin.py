@@ -1,4 +1,4 @@
-"""The browser Origin policy of contract §1.
+"""The browser Origin policy (docs/protocol.md, Origin).
 
 Server-to-server clients (Python, Pipecat, LiveKit) send no Origin header: they are accepted.
 A browser's Origin must match SPEECH_ALLOWED_ORIGINS, or by default the server's ALLOWED_HOSTS;

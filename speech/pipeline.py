@@ -6,6 +6,11 @@ segment's chunk queue, after the segment's time-stretch and resampling (`transfo
 off the event loop). One delivery task sends segment k completely (audio.start, binary frames,
 audio.done) before anything of segment k+1. Sentence indexes are given when a segment is
 announced, so dropped segments never use one up.
+
+Delivery goes as fast as the client reads: the transport's `send_bytes` waits while the
+connection's outgoing buffer is full (speech/flowcontrol.py), so a client that stops reading holds
+its session (delivery waits, synthesis stops after the look-ahead) without the server buffering
+more than one frame beyond the socket's buffers.
 """
 
 from __future__ import annotations
@@ -18,63 +23,48 @@ from collections import deque
 
 import numpy as np
 
+from . import metrics
 from .codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from .engines import SynthesisRequest
+from .engines.pool import CURRENT, Ticket
 from .errors import SpeechError, bad_request, server_error
 from .transforms import Chain, plan_speed
 
 logger = logging.getLogger(__name__)
 
 LOOKAHEAD = 1
-FRAME_S = 0.04  # streamed audio goes out in frames of 40 ms
+FIRST_FRAME_S = 0.04  # a segment's first streamed frame: 40 ms, so that playback starts at once
+FRAME_S = 0.2  # later frames: fewer, larger writes (measured in bench/throughput.py)
 _END = object()
 
 
 class Job:
-    __slots__ = ("text", "chunks", "producer", "index", "announced", "bytes_sent", "done_sent", "queued_at")
+    __slots__ = ("text", "ticket", "chunks", "producer", "index", "bytes_sent", "done_sent", "queued_at", "started")
 
     def __init__(self, text):
         self.text = text
+        self.ticket = Ticket(current=False)  # its place in the engine's synthesis queue
         self.queued_at = time.monotonic()
         self.chunks = asyncio.Queue()
         self.producer = None
-        self.index = None
-        self.announced = False
+        self.index = None  # its sentence index, given when audio.start (or its error) is sent
         self.bytes_sent = 0
         self.done_sent = False
+        self.started = False  # its first chunk (or its end) is there: the next segment may start
+
+    @property
+    def announced(self):
+        return self.index is not None
 
 
-class LeadLimiter:
-    """Keeps delivery at most `lead_s` seconds of audio ahead of real time.
-
-    daphne buffers without limit for a client that does not read; this bounds what a session can
-    pile up to `lead_s` of audio plus real time, until daphne's ping timeout drops a dead client."""
-
-    def __init__(self, lead_s):
-        self.lead_s = lead_s
-        self.credit = lead_s
-        self.stamp = time.monotonic()
-
-    async def spend(self, seconds):
-        if self.lead_s <= 0:
-            return
-        now = time.monotonic()
-        self.credit = min(self.lead_s, self.credit + now - self.stamp)
-        self.stamp = now
-        if self.credit < 0:
-            await asyncio.sleep(-self.credit)
-            self.credit, self.stamp = 0.0, time.monotonic()
-        self.credit -= seconds
-
-
-async def render_segment(engine, config, text):
+async def render_segment(engine, config, text, ticket=CURRENT):
     """One segment's audio as the client wants it: the engine's chunks through the segment's
     `transforms.Chain` (speed, rate; off the event loop). Closing the generator, or cancelling the
     task that reads it, aborts the engine's work."""
     engine_speed, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
     chain = Chain(engine.capabilities.sample_rate, config.sample_rate, stretch)
-    request = SynthesisRequest(text, config.voice, engine_speed, config.options, config.reference)
-    async with contextlib.aclosing(engine.stream(request)) as chunks:
+    request = SynthesisRequest(text, config.voice, engine_speed, config.options, config.reference, ticket)
+    async with contextlib.aclosing(metrics.timed(engine.stream(request), engine.capabilities.sample_rate)) as chunks:
         async for chunk in chunks:
             yield chunk if chain.identity else await asyncio.to_thread(chain.process, chunk)
     if not chain.identity:
@@ -82,19 +72,17 @@ async def render_segment(engine, config, text):
 
 
 class Pipeline:
-    def __init__(self, *, engine, config, transport, session_id, max_segment_chars, lead_s, on_idle, on_crash):
+    def __init__(self, *, engine, config, transport, session_id, max_segment_chars, on_idle, on_crash):
         self.engine = engine
         self.config = config
-        self.transport = transport
+        self.transport = transport  # its send_bytes waits while the client is not reading (backpressure)
         self.session_id = session_id
         self.max_segment_chars = max_segment_chars
         self.on_idle = on_idle  # called when delivery ran out of segments (not after a cancel)
         self.on_crash = on_crash  # called when delivery itself failed (a bug, not an engine error)
-        self.limiter = LeadLimiter(lead_s)
         self.rate = config.sample_rate
-        self.frame_samples = max(1, int(self.rate * FRAME_S))
         self.jobs: deque[Job] = deque()
-        self.announced = 0  # sentence indexes given so far
+        self.sentences = 0  # sentence indexes given so far
         self.queued_chars = 0  # text of segments whose synthesis has not started
         self.bytes_sent = 0  # audio bytes of the whole session
         self.first_audio_s = None  # the session's first segment: queued -> first audio frame sent
@@ -108,7 +96,7 @@ class Pipeline:
     @property
     def total_sentences(self):
         """Segments accepted and not dropped: announced ones plus those still waiting."""
-        return self.announced + sum(1 for job in self.jobs if not job.announced)
+        return self.sentences + sum(1 for job in self.jobs if not job.announced)
 
     def enqueue(self, text):
         job = Job(text)
@@ -119,27 +107,47 @@ class Pipeline:
             self._delivery = asyncio.create_task(self._deliver_all(), name=f"{self.session_id}-delivery")
 
     def _start_producers(self):
+        """The segment being delivered is synthesised at the front of the engine's queue; the next
+        one (look-ahead) starts only once the current one has its first chunk, so it never delays
+        the current segment's first audio, and waits behind every session's current segments."""
         for position, job in enumerate(self.jobs):
             if position > LOOKAHEAD:
+                break
+            if position == 0:
+                job.ticket.current = True
+            elif not self.jobs[position - 1].started:
                 break
             if job.producer is None:
                 self.queued_chars -= len(job.text)
                 job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
 
+    def _started(self, job):
+        if not job.started:
+            job.started = True
+            self._start_producers()
+
     async def _produce(self, job):
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
-            async with contextlib.aclosing(render_segment(self.engine, self.config, job.text)) as audio:
+            # Streamed raw audio is encoded here, as it is made: a held session's queued chunks
+            # then take 2 bytes a sample (1 for G.711), not float32's 4.
+            encoder = self._stream_encoder()
+            async with contextlib.aclosing(render_segment(self.engine, self.config, job.text, job.ticket)) as audio:
                 async for chunk in audio:
-                    job.chunks.put_nowait(chunk)
+                    if chunk.size:
+                        job.chunks.put_nowait(encoder.encode(chunk) if encoder else chunk)
+                    self._started(job)
         except SpeechError as exc:
             job.chunks.put_nowait(exc)
+        except EncodingError as exc:
+            job.chunks.put_nowait(server_error(str(exc)))
         except Exception:
             logger.exception("synthesis failed for a segment of %s", self.session_id)
             job.chunks.put_nowait(server_error("speech synthesis failed"))
         finally:
             job.chunks.put_nowait(_END)
+            self._started(job)
 
     async def _deliver_all(self):
         try:
@@ -158,9 +166,8 @@ class Pipeline:
         self.on_idle()
 
     def _announce(self, job):
-        job.index = self.announced
-        self.announced += 1
-        job.announced = True
+        job.index = self.sentences
+        self.sentences += 1
 
     def _id(self, job):
         return f"{self.session_id}-{job.index}"
@@ -173,15 +180,21 @@ class Pipeline:
         })
 
     async def _send_audio(self, job, data, seconds):
-        await self.limiter.spend(seconds)
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
+        metrics.audio_sent(len(data), seconds)
         if self.first_audio_s is None:
             self.first_audio_s = time.monotonic() - job.queued_at
+            metrics.TTFA.observe(self.first_audio_s)
         # Let the loop run: the server writes this frame to the socket now instead of after the
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
         await asyncio.sleep(0)
+
+    def _stream_encoder(self):
+        if self.config.stream_audio:  # the handshake allows streaming for raw formats only
+            return RawEncoder(self.config.response_format, self.rate)
+        return None
 
     async def _deliver(self, job):
         fmt, streaming = self.config.response_format, self.config.stream_audio
@@ -191,12 +204,12 @@ class Pipeline:
         while (item := await job.chunks.get()) is not _END:
             if isinstance(item, SpeechError):
                 failure = item
-            elif item.size == 0 or failure is not None:
+            elif failure is not None:
                 continue
-            elif not streaming:
-                collected.append(item)
+            elif streaming:  # encoded by the producer
+                await self._stream(job, raw.bytes_per_sample, item)
             else:
-                failure = await self._stream(job, raw, item)
+                collected.append(item)
         if failure is None and collected:
             samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
             try:
@@ -217,19 +230,18 @@ class Pipeline:
             await self.transport.send_json(failure.event(**extra))
         await self._done(job, error=failure is not None, cancelled=False)
 
-    async def _stream(self, job, encoder, samples):
-        """Send one chunk as raw frames of FRAME_S; an encoder failure is returned, not raised."""
-        try:
-            data = encoder.encode(samples)
-        except EncodingError as exc:
-            return server_error(str(exc))
+    async def _stream(self, job, width, data):
+        """Send one encoded chunk as raw frames: a short first frame for each segment, FRAME_S after it."""
         if not job.announced:
             await self._start(job)
-        step = self.frame_samples * encoder.bytes_per_sample
-        for at in range(0, len(data), step):
+        at = 0
+        if job.bytes_sent == 0:
+            at = max(1, int(self.rate * FIRST_FRAME_S)) * width
+            await self._send_audio(job, data[:at], at / width / self.rate)
+        step = max(1, int(self.rate * FRAME_S)) * width
+        for at in range(at, len(data), step):
             frame = data[at: at + step]
-            await self._send_audio(job, frame, len(frame) / encoder.bytes_per_sample / self.rate)
-        return None
+            await self._send_audio(job, frame, len(frame) / width / self.rate)
 
     async def _done(self, job, *, error, cancelled):
         job.done_sent = True
@@ -256,7 +268,6 @@ class Pipeline:
         """Barge-in: stop the current segment within one frame, drop the rest. Returns how many
         segments were stopped or dropped."""
         jobs = [job for job in await self._stop() if not job.done_sent]
-        self.limiter = LeadLimiter(self.limiter.lead_s)  # the client dropped what it had buffered
         if jobs and jobs[0].announced:
             await self._done(jobs[0], error=False, cancelled=True)
         return len(jobs)

@@ -1,7 +1,8 @@
-"""The wire contract's messages: limits, the session.config handshake, and event builders.
+"""The wire protocol's messages: limits, the session.config handshake, and event builders.
 
-Config checking follows contract §3: raw JSON types are checked first, for every field in the
-table's order, before any value is coerced or compared; the first failure wins.
+Config checking follows docs/protocol.md ("session.config fields"): raw JSON types are checked
+first, for every field in the table's order, before any value is coerced or compared; the first
+failure wins.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ TELEPHONY_FORMATS, TELEPHONY_RATE = ("mulaw", "alaw"), 8000  # G.711 defaults to
 GRANULARITIES = ("clause", "sentence")
 SPEED_MIN, SPEED_MAX = 0.25, 4.0
 
-# Field -> raw JSON type, in the order of the contract's table (§3).
+# Field -> raw JSON type, in the order of the fields table in docs/protocol.md.
 STRING, INTEGER, NUMBER, BOOLEAN = "a string", "an integer", "a number", "a boolean"
 FIELD_TYPES = {
     "model": STRING,

@@ -42,6 +42,11 @@ def live_session(session_id, api_key=None):
     return records.first()
 
 
+def recorded(session_id):
+    """Whether the session has a row, live or ended."""
+    return SessionRecord.objects.filter(session_id=session_id).exists()
+
+
 def sessions_using_voice(name):
     return list(SessionRecord.objects.filter(voice__iexact=name, status=SessionRecord.ACTIVE)
                 .values_list("session_id", flat=True))

@@ -1,6 +1,6 @@
 """Cut streamed text (chunks of language-model tokens) into segments to synthesise one by one.
 
-Rules (spec §6):
+Rules (docs/protocol.md, Segmentation):
 
 * Sentence ends: a run of ``. ! ? …`` followed by whitespace; ``。！？`` immediately; a blank line
   (newline, optional horizontal whitespace, newline). Closing quotes/brackets (``CLOSERS``) right

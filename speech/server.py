@@ -1,82 +1,44 @@
-"""daphne, as `manage.py serve` runs it: the stock server with a shutdown that works.
+"""daphne, as `manage.py serve` runs it: the stock server with backpressure and a shutdown that works.
+
+Backpressure: each WebSocket's transport reports a full outgoing buffer to a FlowControl that the
+application finds in its scope (speech/flowcontrol.py).
 
 On SIGTERM daphne cancels every application before the reactor stops, so that sessions can end
 cleanly. Its own `kill_all_applications` indexes `details["application_instance"]`, which is
 missing for a connection whose application has finished or not started yet (an HTTP keep-alive,
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
 sessions still running. This version skips such connections, waits for every session to end
-(each sends its error event and closes 4001, see consumers.py), then stops the signal listener.
+(each sends its error event and closes 4001, see consumers.py), then stops the channel layer's heartbeat.
 
-Its WebSocket protocol meters large frames against the process's budget (speech.budget) from
-their header on, and connections that end ask for freed memory to be returned (speech.memory).
+Its WebSocket connections meter large frames against the process's budget from their header on
+(speech.wsprotocol, speech.budget), and connections that end ask for freed memory to be returned
+(speech.memory).
 """
 
 import asyncio
-import json
-import sys
-import time
 import logging
+import socket
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
-from daphne.ws_protocol import WebSocketProtocol
 from twisted.internet import defer
 
-from . import memory
-from .budget import frame_cost, get_budget, over_budget_error
-from .signals import get_bus
+from . import control, memory
+from .flowcontrol import SCOPE_KEY, FlowControl
+from .wsprotocol import BudgetedWebSocketProtocol
 
 logger = logging.getLogger(__name__)
 
-
-class BudgetedWebSocketProtocol(WebSocketProtocol):
-    """daphne's protocol, with each large data frame's memory reserved before its payload is read.
-
-    A frame the budget cannot take ends the connection with the capacity error and 4013; its
-    payload is dropped as it arrives (autobahn skips a connection it has failed), never stored."""
-
-    reservation = None
-
-    def onMessageFrameBegin(self, length):
-        super().onMessageFrameBegin(length)
-        cost = frame_cost(length)
-        if not cost or self.failedByMe:
-            return
-        # The frames of a fragmented message add up in one reservation.
-        reservation = get_budget().try_reserve(cost, self.reservation)
-        if reservation is None:
-            self._refuse_over_budget()
-            return
-        self.reservation = reservation
-
-    def _refuse_over_budget(self):
-        logger.info("refused a %s frame from %s: handshake memory budget in use", self.frame_length, self.client_addr)
-        self.sendMessage(json.dumps(over_budget_error().event()).encode(), isBinary=False)
-        self.sendClose(code=over_budget_error().close_code)
-        # autobahn drops this frame's payload and every later frame; daphne still tells the
-        # application of the disconnect, so the session ends at once.
-        self.failedByMe = True
-
-    def onMessage(self, payload, isBinary):
-        reservation, self.reservation = self.reservation, None
-        if reservation is None or self.muted or self.failedByMe:
-            super().onMessage(payload, isBinary)
-            return
-        # The reservation rides in the ASGI message: it ends when the application drops the message,
-        # which is when the data it carries is freed too. Once the chunks and the joined bytes are
-        # gone (when autobahn's onMessageEnd returns, right after this)
-        # only that data is left, so the reservation shrinks to its size.
-        self.last_ping = time.time()
-        data = payload if isBinary else payload.decode("utf8")
-        self.application_queue.put_nowait({
-            "type": "websocket.receive", ("bytes" if isBinary else "text"): data, "speech.reservation": reservation})
-        reservation.shrink(sys.getsizeof(data))
-
-    def onClose(self, wasClean, code, reason):
-        if self.reservation is not None:  # the client left in the middle of a large frame
-            self.reservation.release()
-            self.reservation = None
-        super().onClose(wasClean, code, reason)
+# What a WebSocket may have in flight beyond what the client has read. The kernel's send buffer
+# autotunes up to megabytes (tcp_wmem), which for a client reading at real time is more than a
+# minute of audio queued in front of every ping and close frame: daphne's ping timeout and
+# autobahn's close handshake would then drop the connection with a reset, and a reset discards the
+# audio the client has not read yet. 64 KiB (+ Twisted's 64 KiB) is about 2.7 s of 24 kHz audio and
+# still 1 GB/s at loopback and 25x real time for 48 kHz at 50 ms round trips.
+SEND_BUFFER_BYTES = 64 * 1024
+# autobahn waits 1 s by default for the client's reply to a close frame, then resets the
+# connection; the reply comes after the client has read what is in flight (above).
+CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class SpeechServer(Server):
@@ -98,6 +60,16 @@ class SpeechServer(Server):
         super().protocol_disconnected(protocol)
         memory.release_free_memory()
 
+    def create_application(self, protocol, scope):
+        """Every WebSocket gets its backpressure signal (speech/flowcontrol.py) in its scope."""
+        if scope["type"] == "websocket":
+            scope[SCOPE_KEY] = FlowControl.attach(protocol)
+            protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
+            sock = _socket_of(protocol.transport)
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        return super().create_application(protocol, scope)
+
     def kill_all_applications(self):
         instances = [
             details["application_instance"]
@@ -115,7 +87,16 @@ class SpeechServer(Server):
     @staticmethod
     async def _stop(applications):
         await asyncio.gather(*applications, return_exceptions=True)
-        await get_bus().stop()  # no task may be left pending when the interpreter exits
+        await control.stop()  # no task may be left pending when the interpreter exits
+
+
+def _socket_of(transport):
+    """The TCP socket under a transport (TLS wraps the TCP transport in another)."""
+    while transport is not None:
+        if isinstance(getattr(transport, "socket", None), socket.socket):
+            return transport.socket
+        transport = getattr(transport, "transport", None)
+    return None
 
 
 class SpeechCommandLine(CommandLineInterface):

@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Protocol
 
-from .conf import conf
+from . import metrics
 from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -65,13 +65,12 @@ def new_session_id():
 
 
 class SpeechSession:
-    def __init__(self, transport, engine, limits, *, session_id=None, lead_s=None, find_voice=None,
+    def __init__(self, transport, engine, limits, *, session_id=None, find_voice=None,
                  on_configured=None):
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.session_id = session_id or new_session_id()
-        self.lead_s = conf.MAX_LEAD_S if lead_s is None else lead_s
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
         self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
         self.outcome = None  # how it ended: completed, cancelled (client left), terminated, failed
@@ -148,25 +147,32 @@ class SpeechSession:
             await self._report(error)
             self._arm_idle()
 
-    # -- control signals (speech.signals) --------------------------------------------------------
+    # -- control signals (speech.cancel / speech.terminate, speech/control.py) ----------------------
     async def handle_signal(self, message):
-        """A cancel or terminate from the control plane, possibly sent from another instance."""
+        """A cancel or terminate from the control plane, possibly sent from another instance.
+
+        A cancel is answered exactly like a client's input.cancel (origin "server"), also when
+        nothing is speaking (cancelled_sentences 0). It cuts only speech under way when it was issued:
+        one issued before the current utterance began (delivered late) cuts nothing and is answered
+        with cancelled_sentences 0. Without `issued_at` (any Django code may send one) it is current."""
         async with self._lock:
             if self.state in (State.CLOSED, State.AWAITING_CONFIG):
                 return
-            if message.get("kind") == "terminate":
-                await self.terminate(message.get("reason") or TERMINATED_MESSAGE)
-            elif message.get("kind") == "cancel" and self._speaking(message.get("issued_at")):
-                await self._on_cancel({}, origin="server")
+            kind = message.get("type")
+            if kind == "speech.terminate":
+                reason = message.get("reason")
+                await self.terminate(reason if isinstance(reason, str) and reason else TERMINATED_MESSAGE)
+            elif kind == "speech.cancel":
+                if self._issued_before_utterance(message.get("issued_at")):
+                    await self._send_cancelled(0, "server")
+                else:
+                    await self._on_cancel({}, origin="server")
                 self._arm_idle()
 
-    def _speaking(self, issued_at):
-        """A cancel is for the speech under way when it was sent; one that arrives after that
-        speech has finished, or that was sent before the current speech began, is ignored."""
+    def _issued_before_utterance(self, issued_at):
         if not isinstance(issued_at, (int, float)) or isinstance(issued_at, bool):
             return False
-        busy = self.pipeline.busy or self.segmenter.pending_chars > 0
-        return busy and issued_at >= self._utterance_started
+        return issued_at < self._utterance_started
 
     async def _configure(self, raw):
         limit = self.limits.max_config_bytes
@@ -186,7 +192,6 @@ class SpeechSession:
             transport=self.transport,
             session_id=self.session_id,
             max_segment_chars=self.limits.max_segment_chars,
-            lead_s=self.lead_s,
             on_idle=self._on_pipeline_idle,
             on_crash=self._on_pipeline_crash,
         )
@@ -242,12 +247,15 @@ class SpeechSession:
 
     async def _on_cancel(self, payload, origin="client"):
         self.segmenter.clear()
-        cancelled = await self.pipeline.cancel()
+        await self._send_cancelled(await self.pipeline.cancel(), origin)
+        self._on_pipeline_idle()
+
+    async def _send_cancelled(self, cancelled, origin):
+        metrics.CANCELS.labels(origin).inc()
         await self.transport.send_json({
             "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
             "total_sentences": self.pipeline.total_sentences, "origin": origin,
         })
-        self._on_pipeline_idle()
 
     async def _on_keepalive(self, payload):
         """Only resets the idle timer, which every frame does."""

@@ -45,15 +45,15 @@ class LocalSlots:
 
 
 class RedisSlots:
-    def __init__(self, url):
+    def __init__(self, url, prefix="speech"):
         import redis.asyncio as redis
 
         self._redis = redis.Redis.from_url(url)
         self._acquire = self._redis.register_script(_ACQUIRE)
+        self.prefix = prefix  # SPEECH_REDIS_PREFIX: deployments sharing a Redis never count each other
 
-    @staticmethod
-    def _name(key):
-        return f"speech:slots:{key}"
+    def _name(self, key):
+        return f"{self.prefix}:slots:{key}"
 
     async def acquire(self, key, session_id, limit):
         now = time.time()
@@ -79,7 +79,7 @@ def get_slots():
     if _slots is None:
         from django.conf import settings
 
-        _slots = RedisSlots(settings.REDIS_URL) if settings.REDIS_URL else LocalSlots()
+        _slots = RedisSlots(settings.REDIS_URL, settings.SPEECH_REDIS_PREFIX) if settings.REDIS_URL else LocalSlots()
     return _slots
 
 

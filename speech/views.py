@@ -1,5 +1,9 @@
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 
+from . import health as readiness_checks
+from . import metrics as prometheus
+from .api import error
+from .conf import conf
 from .engines import get_engine
 
 
@@ -8,3 +12,25 @@ def healthz(request):
     caps = get_engine().capabilities
     return JsonResponse({"status": "ok", "engine": caps.name, "voices": list(caps.voices),
                          "sample_rate": caps.sample_rate})
+
+
+async def health(request):
+    """Readiness: 200 when the database, Redis (if configured) and the engine are ready, else 503
+    with every part's state, so the failing one is named."""
+    ready, checks = await readiness_checks.readiness()
+    failing = [part for part, state in checks.items() if state != "ok"]
+    body = {"status": "ok" if ready else "unavailable", "checks": checks}
+    if failing:
+        body["failing"] = failing
+    return JsonResponse(body, status=200 if ready else 503)
+
+
+async def metrics(request):
+    """This process's Prometheus metrics; SPEECH_METRICS_TOKEN decides who may read them."""
+    if not prometheus.allowed(request, conf.METRICS_TOKEN):
+        if conf.METRICS_TOKEN:
+            return error(401, "metrics need Authorization: Bearer <SPEECH_METRICS_TOKEN>", type="authentication_error")
+        return error(403, "metrics are served to this machine only (set SPEECH_METRICS_TOKEN to read them from "
+                          "elsewhere)", type="permission_error")
+    body, content_type = prometheus.exposition()
+    return HttpResponse(body, content_type=content_type)

@@ -20,7 +20,7 @@ import numpy as np
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 
-from . import registry, signals
+from . import control, registry
 from .models import Voice
 
 logger = logging.getLogger(__name__)
@@ -225,8 +225,8 @@ def end_sessions_using(name):
     """Terminate every live session (on any instance) that speaks with this voice."""
     for session_id in registry.sessions_using_voice(name):
         try:
-            signals.get_bus().publish(signals.signal(signals.TERMINATE, session_id, VOICE_REMOVED.format(name)))
-        except signals.SignalsUnavailable:
+            control.send_sync(control.TERMINATE, session_id, VOICE_REMOVED.format(name))
+        except control.SignalsUnavailable:
             logger.warning("could not end session %s: signals are unavailable", session_id)
 
 

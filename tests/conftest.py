@@ -27,7 +27,7 @@ from .recorder import HANG_GUARD_S, Recorder
 
 SESSION_ID_RE = re.compile(r"^speech_ws_[0-9a-f]{32}$")
 
-# The contract's defaults (§2), except that tests never wait 10 s for anything.
+# The protocol's default limits (docs/protocol.md, Limits), except that tests never wait 10 s for anything.
 LIMITS = Limits(
     config_timeout_s=10.0,
     idle_timeout_s=10.0,
@@ -62,7 +62,7 @@ class Harness:
         self.engine = engine
         self.limits = limits_
         self.t = Recorder(yield_on_send=yield_on_send)
-        self.session = SpeechSession(self.t, engine, limits_, lead_s=0)
+        self.session = SpeechSession(self.t, engine, limits_)
 
     def start(self):
         self.session.start()

@@ -129,7 +129,7 @@ def decode_file(fmt: str, data: bytes) -> Decoded:
 
 
 def opus_head(data: bytes) -> dict:
-    """Fields of the OpusHead packet (RFC 7845 §5.1) of an Ogg Opus file."""
+    """Fields of the OpusHead packet (RFC 7845, section 5.1) of an Ogg Opus file."""
     at = data.index(b"OpusHead")
     head = data[at: at + 19]
     return {

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -256,7 +257,7 @@ class SessionResult:
 
 
 def segments_of(items):
-    """Group items by segment, checking the ordering rules of contract §4 on the way.
+    """Group items by segment, checking the ordering rules of docs/protocol.md on the way.
 
     Returns (segments in order of audio.start/error, problems): problems lists every binary frame
     outside an audio.start..audio.done pair and every event of a segment out of place."""
@@ -302,10 +303,62 @@ def segments_of(items):
     return [segments[index] for index in order], problems
 
 
-async def open_session(url, *, origin=None, headers=None, open_timeout=30.0, **kwargs):
-    """A websockets client connection with no incoming size limit (server audio can be large)."""
+SMALL_RECEIVE_BUFFER = 16384
+
+
+async def open_session(url, *, origin=None, headers=None, open_timeout=30.0, small_buffers=False, **kwargs):
+    """A websockets client connection with no incoming size limit (server audio can be large).
+
+    small_buffers: the client's socket takes 16 KiB and its library queues two frames, so that when
+    the test stops reading, the server holds the session (backpressure) after a few seconds of audio
+    instead of after the megabytes a receive buffer autotunes to (see `held`)."""
+    if small_buffers:
+        host, port = urlsplit(url).hostname, urlsplit(url).port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_RECEIVE_BUFFER)  # before connect: the window
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        kwargs.update(sock=sock, max_queue=2)
     return await connect(url, origin=origin, additional_headers=headers, max_size=None,
                          open_timeout=open_timeout, **kwargs)
+
+
+def audio_past(seconds, rate=24000):
+    """collect() predicate: true once more than `seconds` of 16-bit audio at `rate` has arrived."""
+    received = 0
+
+    def check(item):
+        nonlocal received
+        if item.kind == "audio":
+            received += len(item.data)
+        return received > seconds * rate * 2
+
+    return check
+
+
+def metric(server, name):
+    """The value of an unlabelled metric in `server`'s /metrics (Prometheus text format)."""
+    with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+def held(server, sessions=1):
+    """Wait (bounded) until `server` holds at least `sessions` sessions whose clients stopped
+    reading: their delivery waits mid-segment, seen from the server's side. A hold is taken as
+    settled when two scrapes in a row see the sessions held and no audio sent in between (a client
+    that is still draining the socket pauses the server only for the moment a write takes)."""
+    last = None
+
+    def settled():
+        nonlocal last
+        now = metric(server, "speech_sessions_held") >= sessions, metric(server, "speech_audio_sent_bytes_total")
+        stable, last = now[0] and last == now, now
+        return stable
+
+    wait_for(settled, f"{sessions} held session(s)")
 
 
 async def send_json(ws, payload):

@@ -21,6 +21,11 @@ HANG_GUARD_S = 5.0
 class Recorder:
     def __init__(self, *, yield_on_send=False):
         self.yield_on_send = yield_on_send
+        # Cleared: the client "stops reading" and send_bytes waits, as the consumer's does on a
+        # full socket (speech/flowcontrol.py).
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.held_sends = 0  # send_bytes calls that found the transport not writable
         self.queue: asyncio.Queue = asyncio.Queue()
         self.log: list[tuple[str, object]] = []
         self.close_code = None
@@ -33,6 +38,9 @@ class Recorder:
         self._record("json", json.loads(json.dumps(event, allow_nan=False)))
 
     async def send_bytes(self, data):
+        if not self.writable.is_set():
+            self.held_sends += 1
+            await self.writable.wait()
         if self.yield_on_send:
             await asyncio.sleep(0)
         assert isinstance(data, (bytes, bytearray)), f"send_bytes got {type(data).__name__}"
@@ -108,7 +116,7 @@ def _short(value):
 
 
 def check_segment_order(items, first=0):
-    """Contract §4 ordering over a recorded stream. Returns {sentence_index: (start, frames, done)}.
+    """The ordering of docs/protocol.md over a recorded stream. Returns {sentence_index: (start, frames, done)}.
 
     Binary frames only between an audio.start and its audio.done; everything of segment k before
     anything of segment k+1; indexes increase by one; audio.done.total_bytes == bytes sent."""

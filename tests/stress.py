@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from websockets.exceptions import ConnectionClosed
 
 from tests.fuzz_frames import CONTRACT_CLOSES, error_problem, handshake_frames, session_frames
-from tests.live import configure, open_session, recv_item, send_json
+from tests.live import open_session, recv_item, send_json
 
 SENTENCES = (
     "The train leaves the station at seven and arrives in the city shortly after nine.",
@@ -142,6 +142,25 @@ async def _drain(ws, tally, timeout=READ_S):
             events.append(item.data)
 
 
+async def admitted(ws, config, tally):
+    """Send session.config; True once session.configured arrives. A refusal at the handshake (the
+    server at capacity: an error, then close 4013, possibly before the config was even read) is
+    counted in tally.refused and returns False."""
+    try:
+        await send_json(ws, {"type": "session.config", "session": config})
+        first = await recv_item(ws, timeout=READ_S)
+    except ConnectionClosed:
+        first = None
+    if first is not None and first.kind == "event" and first.data.get("type") == "session.configured":
+        return True
+    if first is not None:
+        tally.see(first.data)
+    await _drain(ws, tally)
+    if ws.close_code == 4013:
+        tally.refused += 1
+    return False
+
+
 async def bounded(coros, concurrency):
     """Run coroutines with at most `concurrency` at once."""
     gate = asyncio.Semaphore(concurrency)
@@ -180,7 +199,9 @@ async def fuzz_session(url, rng, count, tally):
     tally.sessions += 1
     ws = await open_session(url)
     try:
-        await configure(ws, {"stream_audio": True, "split_granularity": rng.choice(("sentence", "clause"))})
+        if not await admitted(ws, {"stream_audio": True, "split_granularity": rng.choice(("sentence", "clause"))},
+                              tally):
+            return
         reader = asyncio.create_task(_drain(ws, tally))
         frames = session_frames(rng)
         for _ in range(count):
@@ -253,7 +274,9 @@ async def abrupt_disconnect(server, rng, tally):
         abort(writer)
         return
     ws = await open_session(server.ws_url)
-    await configure(ws, {"stream_audio": rng.random() < 0.7})
+    if not await admitted(ws, {"stream_audio": rng.random() < 0.7}, tally):
+        await ws.close()
+        return
     if moment != "after_config":
         await send_json(ws, {"type": "input.text", "text": " ".join(rng.sample(SENTENCES, 3))})
         if moment == "after_done":

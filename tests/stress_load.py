@@ -11,7 +11,7 @@ import time
 from websockets.exceptions import ConnectionClosed
 
 from tests.live import configure, open_session, recv_item, send_json
-from tests.stress import READ_S, SENTENCES, Tally, abort, bounded
+from tests.stress import READ_S, SENTENCES, Tally, abort, admitted, bounded
 
 PROBE_TEXT = "Hello there. "
 
@@ -42,9 +42,9 @@ async def idle_sessions(url, count, hold, *, concurrency=50):
     tally = Tally()
     sockets = await bounded([open_session(url) for _ in range(count)], concurrency)
     try:
-        await bounded([configure(ws) for ws in sockets], concurrency)
-        tally.sessions = len(sockets)
-        await hold(len(sockets))
+        admissions = await bounded([admitted(ws, {}, tally) for ws in sockets], concurrency)
+        tally.sessions = sum(admissions)
+        await hold(tally.sessions)
     finally:
         await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
     return tally
@@ -58,7 +58,9 @@ async def stalled_readers(url, count, seconds, *, keepalive):
 
     async def one():
         ws = await open_session(url, max_queue=1)  # the client stops reading: TCP pushes back on the server
-        await configure(ws, {"stream_audio": True})
+        if not await admitted(ws, {"stream_audio": True}, tally):
+            await ws.close()
+            return
         await send_json(ws, {"type": "input.text", "text": text})
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -80,15 +82,7 @@ async def speaking_session(url, sentences, tally, *, config=None):
     tally.sessions += 1
     ws = await open_session(url)
     try:
-        await send_json(ws, {"type": "session.config", "session": config or {}})
-        first = await recv_item(ws, timeout=READ_S)
-        if first.kind == "event" and first.data.get("type") == "error":
-            tally.see(first.data)
-            if first.data.get("error_type") == "rate_limit_error":
-                tally.refused += 1
-            with contextlib.suppress(ConnectionClosed, TimeoutError):
-                await recv_item(ws, timeout=READ_S)
-            tally.closed(ws.close_code if ws.close_code is not None else 1006)
+        if not await admitted(ws, config or {}, tally):
             return
         text = " ".join(SENTENCES[i % len(SENTENCES)] for i in range(sentences))
         await send_json(ws, {"type": "input.text", "text": text + " "})
@@ -143,17 +137,16 @@ async def large_configs(url, count, size):
             if first.data.get("type") == "session.configured":
                 tally.configured += 1
                 await send_json(ws, {"type": "input.done"})
-            elif first.data.get("error_type") == "rate_limit_error":
-                tally.refused += 1
             with contextlib.suppress(ConnectionClosed):
                 while True:
                     tally.see((await recv_item(ws, timeout=READ_S)).data)
         except ConnectionClosed:  # refused while the frame was still going out: the close code says why
+            pass
+        finally:
+            await ws.close()
+            tally.closed(ws.close_code if ws.close_code is not None else 1006)
             if ws.close_code == 4013:
                 tally.refused += 1
-        finally:
-            tally.closed(ws.close_code if ws.close_code is not None else 1006)
-            await ws.close()
 
     await asyncio.gather(*(one() for _ in range(count)))
     tally.frames = count

@@ -1,18 +1,16 @@
 """The admin in a real browser (headless Chromium driven by Selenium) against a real daphne:
 log in, see the voice list with its columns, and play a reference through the player."""
 
-import shutil
 import subprocess
 import wave
 
 import numpy as np
 import pytest
 
+from tests.browser import chromium, needs_chromium
 from tests.live import PROJECT_ROOT, PYTHON, DaphneServer
 
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                reason="Debian's chromium and chromium-driver are installed by .ci/run")
+pytestmark = needs_chromium
 PASSWORD = "a-long-test-password-1"
 SECONDS = 2.0
 
@@ -50,22 +48,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--autoplay-policy=no-user-gesture-required",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_admin_lists_voices_and_plays_a_reference(server, browser, tmp_path):

@@ -1,4 +1,4 @@
-"""REST companions (contract §8) through Django's test client: voices list/upload/delete, tokens,
+"""REST endpoints (docs/protocol.md, REST endpoints) through Django's test client: voices list/upload/delete, tokens,
 the error envelope, the 413 before reading, API keys, and keys/tokens never reaching the logs."""
 
 from __future__ import annotations
@@ -327,7 +327,7 @@ def test_delete_of_a_missing_voice_is_a_404_envelope(client, media):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/v1/nothing", "/v1/audio/voices/a/b", "/v1/audio/speech/stream", "/"])
+@pytest.mark.parametrize("path", ["/v1/nothing", "/v1/audio/voices/a/b", "/v1/audio/speech/stream", "/nothing/here"])
 def test_unknown_urls_are_a_404_envelope(client, media, path):
     assert_envelope(client.get(path), 404, type_="not_found_error")
 

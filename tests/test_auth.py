@@ -1,5 +1,5 @@
 """WebSocket authentication and per-key session limits through channels' WebsocketCommunicator
-(contract §1: `authentication_error` 401 then close 4008; `rate_limit_error` 429 then close 4013),
+(docs/protocol.md, Authentication: `authentication_error` 401 then close 4008; `rate_limit_error` 429 then close 4013),
 and uploaded voices in a session (issue 4, item 4). In-process slots here; Redis across real
 daphne instances is in test_keys_live.py."""
 

@@ -1,12 +1,10 @@
 """The control plane across real processes: daphne A and B (`manage.py serve`, tests/live.py) sharing one
 SQLite database (a temp file, migrated once) and one Redis, with the real Hibari engine.
 
-The Redis is a private `redis-server` on a free port (tests/test_redis_faults.py RedisServer): pub/sub
-channels are global to a Redis server whatever the DB number, and every instance's listener holds a
-pattern subscription to all of `speech:signal:*`, so on the machine's shared Redis other people's
-servers and tests would see (and could disturb) these signals.
+The Redis is a private `redis-server` on a free port (tests/test_redis_faults.py RedisServer), so
+that nothing else on the machine's shared Redis can disturb (or count in) the channel layer's groups.
 
-Sessions run on A; the REST control endpoints (contract §8) are called on B; the registry is read
+Sessions run on A; the REST control endpoints (docs/protocol.md, REST endpoints) are called on B; the registry is read
 straight from the shared database file (table speech_sessionrecord), and once through B's admin
 with a superuser. After every test, and once more after the servers stopped, their stderr must
 hold no "Traceback".
@@ -44,6 +42,8 @@ from tests.live import (
     collect,
     configure,
     is_event,
+    audio_past,
+    held,
     open_session,
     run_session,
     segments_of,
@@ -52,7 +52,6 @@ from tests.live import (
 )
 
 RATE = 24000
-LEAD_S = 2.0  # SPEECH_MAX_LEAD_S for these servers: delivery is paced after 2 s of audio ahead
 POLL_S = 30.0  # hang guard of the polling loops
 TERMINATED = "speech session terminated by the server"
 SHUTDOWN = "speech session terminated: the server is shutting down"
@@ -67,8 +66,7 @@ class Cluster:
         self.db = self.dir / "db.sqlite3"
         self.tag = uuid.uuid4().hex[:8]
         self.env = {
-            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_MAX_LEAD_S": str(LEAD_S),
-            "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{self.db}",
+            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{self.db}",
             "MEDIA_ROOT": str(self.dir / "media"),
         }
         self.servers = []
@@ -118,6 +116,7 @@ class Cluster:
 def cluster():
     redis_server = RedisServer().start()
     c = Cluster(redis_server.url(5))
+    c.redis = redis_server
     try:
         c.a = c.server("A", migrate=True)  # migrates the shared database once
         c.b = c.server("B")
@@ -180,27 +179,21 @@ def accepted(session_id, kind):
     return {"session_id": session_id, "signal": kind, "status": "accepted"}
 
 
-def past_the_lead(seconds=LEAD_S + 1.0):
-    """until() predicate: true once more audio than the lead has arrived, i.e. delivery is paced
-    frame by frame and a signal finds a segment half sent."""
-    received = 0
-
-    def check(item):
-        nonlocal received
-        if item.kind == "audio":
-            received += len(item.data)
-        return received > seconds * RATE * 2
-
-    return check
+async def speak_and_stop_reading(ws, server):
+    """Some audio of the speech under way, then the client stops reading until the server holds the
+    session mid-segment (backpressure), so that a signal finds a segment half sent."""
+    before = await collect(ws, until=audio_past(1.0))
+    assert before.close_code is None, f"closed while speaking: {before.types()}"
+    await asyncio.to_thread(held, server)
+    return before
 
 
 async def speaking_session(server):
-    """A session on `server` speaking LONG_TEXT, its delivery already paced. Returns (ws, sid, items)."""
-    ws = await open_session(server.ws_url)
+    """A session on `server` speaking LONG_TEXT, held mid-segment. Returns (ws, sid, items)."""
+    ws = await open_session(server.ws_url, small_buffers=True)
     configured = await configure(ws, CONFIG)
     await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-    before = await collect(ws, until=past_the_lead())
-    assert before.close_code is None, f"closed while speaking: {before.types()}"
+    before = await speak_and_stop_reading(ws, server)
     return ws, configured["session_id"], before.items
 
 
@@ -270,7 +263,7 @@ async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
 
         # Terminate on B while A speaks again: error event, close 4001, no audio after it.
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
-        speaking = await collect(ws, until=past_the_lead())
+        speaking = await speak_and_stop_reading(ws, a)
         items += speaking.items
         assert await rest(b, "DELETE", session_path(sid)) == (202, accepted(sid, "terminate"))
         end = await collect(ws)
@@ -294,19 +287,21 @@ async def test_unknown_session_is_404_with_the_envelope(cluster):
             assert await rest(server, "DELETE", session_path(sid)) == (404, not_live(sid))
 
 
-async def test_cancel_from_b_when_nothing_is_speaking_is_accepted_and_ignored(cluster):
+async def test_cancel_from_b_when_nothing_is_speaking_is_answered_with_nothing_cancelled(cluster):
+    """Contract §8: like a client's input.cancel, a server cancel with nothing to stop is answered with
+    input.cancelled (cancelled_sentences 0, origin "server"), and the session goes on."""
     ws = await open_session(cluster.a.ws_url)
     try:
         sid = (await configure(ws, CONFIG))["session_id"]
         await send_json(ws, {"type": "input.text", "text": "Just one sentence. "})
         first = await collect(ws, until=is_event("audio.done"))
         assert await rest(cluster.b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
-        # The cancel found nothing to cancel. Whatever comes next on the socket must be the new
-        # segment's audio.start, not an input.cancelled.
+        answer = await collect(ws, until=is_event("input.cancelled"))
+        assert answer.events == [{"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0,
+                                  "total_sentences": 1, "origin": "server"}]
         await send_json(ws, {"type": "input.text", "text": "And another one. "})
         await send_json(ws, {"type": "input.done"})
         rest_ = await collect(ws)
-        assert "input.cancelled" not in rest_.types()
         segments, problems = segments_of(first.items + rest_.items)
         assert problems == [] and [s.index for s in segments] == [0, 1]
         assert rest_.events[-1] == {"type": "session.done", "session_id": sid, "total_sentences": 2}
@@ -314,6 +309,77 @@ async def test_cancel_from_b_when_nothing_is_speaking_is_accepted_and_ignored(cl
     finally:
         await ws.close()
     assert cluster.ended_record(sid)["status"] == "completed"
+
+
+# -- the first milliseconds, and the group's lifetime ----------------------------------------------------
+
+@pytest.mark.parametrize("round_", range(5))
+async def test_a_cancel_and_a_terminate_from_b_right_after_session_configured_reach_the_session(cluster, round_):
+    """The registry row is written after session.configured, in the background; a signal sent from
+    another instance the moment session.configured arrives must still be accepted (never 404) and
+    acted on: B finds the session by its group in the channel layer."""
+    ws = await open_session(cluster.a.ws_url)
+    try:
+        sid = (await configure(ws, CONFIG))["session_id"]
+        assert await rest(cluster.b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
+        answer = await collect(ws, until=is_event("input.cancelled"))
+        assert answer.events == [{"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0,
+                                  "total_sentences": 0, "origin": "server"}]
+        assert await rest(cluster.b, "DELETE", session_path(sid)) == (202, accepted(sid, "terminate"))
+        end = await collect(ws)
+        assert end.close_code == 4001 and end.events == [
+            {"type": "error", "message": TERMINATED, "error_type": "server_error"}]
+    finally:
+        await ws.close()
+    assert cluster.ended_record(sid)["status"] == "terminated"
+    assert cluster.redis.group_members(sid, db=5) == 0
+
+
+README_SNIPPET = re.compile(r"<!-- cancel-snippet -->\n```python\n(.*?)```", re.S)
+
+
+async def test_the_readme_snippet_cancels_a_session_from_a_separate_process(cluster):
+    snippet = README_SNIPPET.search((PROJECT_ROOT / "README.md").read_text()).group(1)
+    assert len(snippet.strip().splitlines()) == 3, snippet
+    ws, sid, items = await speaking_session(cluster.a)
+    try:
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", **cluster.env}
+        program = f"import django\ndjango.setup()\nsession_id = {sid!r}\n{snippet}"
+        done = await asyncio.to_thread(subprocess.run, [PYTHON, "-c", program], cwd=PROJECT_ROOT, env=env,
+                                       capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        after = await collect(ws, until=is_event("input.cancelled"))
+        items += after.items
+        segments, problems = segments_of(items)
+        assert problems == [] and segments[-1].done["cancelled"] is True
+        assert items[-1].data["origin"] == "server" and items[-1].data["cancelled_sentences"] >= 1
+    finally:
+        await ws.close()
+
+
+@pytest.mark.parametrize("how", ["done", "cancel", "terminate", "disconnect"])
+async def test_the_session_leaves_its_group_however_it_ends(cluster, how):
+    ws, sid, items = await speaking_session(cluster.a)
+    try:
+        assert cluster.redis.group_members(sid, db=5) == 1
+        if how == "cancel":
+            assert (await rest(cluster.b, "POST", cancel_path(sid)))[0] == 202
+            await collect(ws, until=is_event("input.cancelled"))
+            await send_json(ws, {"type": "input.done"})
+        elif how == "done":
+            await send_json(ws, {"type": "input.cancel"})
+            await collect(ws, until=is_event("input.cancelled"))
+            await send_json(ws, {"type": "input.text", "text": "Last words. "})
+            await send_json(ws, {"type": "input.done"})
+        elif how == "terminate":
+            assert (await rest(cluster.b, "DELETE", session_path(sid)))[0] == 202
+        if how != "disconnect":
+            end = await collect(ws)
+            assert end.close_code == (4001 if how == "terminate" else 1000)
+    finally:
+        await ws.close()
+    cluster.ended_record(sid)
+    assert cluster.redis.group_members(sid, db=5) == 0
 
 
 # -- the registry tells the truth --------------------------------------------------------------------------
@@ -518,6 +584,7 @@ async def test_sigterm_terminates_sessions_with_4001_and_records_them(cluster):
     # The process is gone: the rows were written before it exited.
     check_row(cluster.record(sid1), cluster.instance("C"), status="terminated", items=items1)
     check_row(cluster.record(sid2), cluster.instance("C"), status="terminated", items=items2)
+    assert cluster.redis.group_members(sid1, db=5) == cluster.redis.group_members(sid2, db=5) == 0
     assert await rest(cluster.b, "POST", cancel_path(sid1)) == (404, not_live(sid1))
     c.assert_no_traceback()
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
+from speech.pipeline import FIRST_FRAME_S, FRAME_S
 from tests.live import run_session, segments_of, serving
 from tests.speech_check import WHISPER_RATE, normalise, transcribe, wer
 
@@ -44,9 +45,7 @@ AAC_PRIMING = 1024
 
 @pytest.fixture(scope="module")
 def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
-                  # no real-time pacing in these tests: a 13 s segment at speed 0.25 comes at once
-                  "SPEECH_MAX_LEAD_S": "600"}) as srv:
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
         yield srv
 
 
@@ -57,7 +56,7 @@ def no_traceback_after_each_test(server):
 
 
 async def synthesize(server, config, texts, *, stream=False):
-    """One session; returns (session.configured, segments) after checking the §4 ordering."""
+    """One session; returns (session.configured, segments) after checking the protocol's ordering."""
     config = {"seed": SEED, "stream_audio": stream, **config}
     result = await run_session(server.ws_url, config, texts)
     segments, problems = segments_of(result.items)
@@ -160,7 +159,8 @@ async def test_streamed_mulaw_8k_round_trip(server, whisper):
     for segment, sentence in zip(segments, SENTENCES):
         assert segment.start["sample_rate"] == 8000 and segment.start["format"] == "mulaw"
         assert len(segment.frames) > 1, "streamed"
-        assert all(len(frame) <= 320 for frame in segment.frames), "40 ms frames, one byte a sample"
+        assert len(segment.frames[0]) <= 320, "a 40 ms first frame, one byte a sample"
+        assert all(len(frame) <= 1600 for frame in segment.frames), "then 200 ms frames"
         samples = g711_ints("mulaw", segment.audio).astype(np.float32) / 32768.0
         check_heard(whisper, samples, 8000, sentence)
 
@@ -172,8 +172,8 @@ async def test_streamed_pcm_resampled_round_trip(server, whisper, rate):
     assert configured["sample_rate"] == rate
     for segment, sentence in zip(segments, SENTENCES):
         assert segment.start["sample_rate"] == rate
-        frame_bytes = int(rate * 0.04) * 2
-        assert len(segment.frames) > 1 and all(len(f) <= frame_bytes for f in segment.frames)
+        assert len(segment.frames) > 1 and len(segment.frames[0]) <= int(rate * FIRST_FRAME_S) * 2
+        assert all(len(f) <= int(rate * FRAME_S) * 2 for f in segment.frames)
         samples = pcm16_ints(segment.audio).astype(np.float32) / 32768.0
         check_heard(whisper, samples, rate, sentence)
     # Resampled chunk by chunk by the server = the non-streamed session's (whole-segment) audio.

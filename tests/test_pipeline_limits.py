@@ -1,105 +1,33 @@
-"""speech.pipeline limits: the LeadLimiter (on a fake clock) and the Pipeline's look-ahead and
-pending-text accounting, driven directly with the recording transport and a held FakeEngine."""
+"""speech.pipeline limits: look-ahead (only after the current segment has audio), pending-text
+accounting and backpressure, driven directly with the recording transport and a FakeEngine."""
 
 from __future__ import annotations
 
 import asyncio
-import types
 
 import pytest
 
-from speech import pipeline as pipeline_module
 from speech.engines.fake import FakeEngine
-from speech.pipeline import LOOKAHEAD, LeadLimiter, Pipeline
+from speech.pipeline import LOOKAHEAD, Pipeline
 from speech.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
 from .recorder import Recorder, check_segment_order
-
-FRAME_S = 0.04
-
 
 async def guard(awaitable):
     """A hang guard only: a regression fails in 5 s instead of hanging the run."""
     return await asyncio.wait_for(awaitable, 5)
 
 
-class FakeClock:
-    """time.monotonic and asyncio.sleep for the limiter: sleeping advances the clock, nothing waits."""
-
-    def __init__(self):
-        self.now = 1000.0
-        self.slept = []
-
-    def monotonic(self):
-        return self.now
-
-    async def sleep(self, seconds):
-        assert seconds > 0
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(pipeline_module, "time", types.SimpleNamespace(monotonic=fake.monotonic))
-    monkeypatch.setattr(pipeline_module, "asyncio", types.SimpleNamespace(sleep=fake.sleep))
-    return fake
-
-
-async def test_lead_limiter_disabled_never_sleeps(clock):
-    limiter = LeadLimiter(0)
-    for _ in range(10_000):
-        await limiter.spend(FRAME_S)
-    assert clock.slept == []
-
-
-@pytest.mark.parametrize("lead_s", [0.5, 1.0, 20.0])
-async def test_lead_limiter_bounds_how_far_ahead_of_real_time(clock, lead_s):
-    limiter = LeadLimiter(lead_s)
-    start = clock.now
-    sent = 0.0
-    sent_before_first_sleep = None
-    for _ in range(int(3 * lead_s / FRAME_S) + 10):
-        await limiter.spend(FRAME_S)
-        if clock.slept and sent_before_first_sleep is None:
-            sent_before_first_sleep = sent
-        sent += FRAME_S  # the frame goes out after spend() returns
-        ahead = sent - (clock.now - start)
-        assert ahead <= lead_s + FRAME_S + 1e-9
-    assert clock.slept  # it did throttle...
-    assert sent_before_first_sleep >= lead_s - 1e-9  # ...but only once the lead was used up
-
-
-async def test_lead_limiter_does_not_throttle_within_the_lead(clock):
-    limiter = LeadLimiter(1.0)
-    for _ in range(25):  # exactly 1.0 s of audio at once
-        await limiter.spend(FRAME_S)
-    assert clock.slept == []
-
-
-async def test_lead_limiter_credit_refills_only_up_to_the_lead(clock):
-    limiter = LeadLimiter(1.0)
-    clock.now += 100.0  # a long pause (no audio for 100 s) must not bank 100 s of credit
-    sent = 0.0
-    start = clock.now
-    for _ in range(100):
-        await limiter.spend(FRAME_S)
-        sent += FRAME_S
-        assert sent - (clock.now - start) <= 1.0 + FRAME_S + 1e-9
-    assert clock.slept
-
-
-async def test_lead_limiter_real_time_pacing_never_sleeps(clock):
-    limiter = LeadLimiter(0.5)
-    for _ in range(1000):
-        await limiter.spend(FRAME_S)
-        clock.now += FRAME_S  # a client reading exactly in real time
-    assert clock.slept == []
-
-
 # -- Pipeline: look-ahead and pending-text accounting -------------------------------------------------
+
+async def until(condition):
+    """Let the loop run until `condition()` holds (with a hang guard)."""
+    async def poll():
+        while not condition():
+            await asyncio.sleep(0)
+    await guard(poll())
+
 
 class IdleCalls:
     """The pipeline's on_idle callback: counts calls and lets a test await the next one."""
@@ -125,7 +53,6 @@ def make_pipeline(engine, transport, *, stream=True, max_segment_chars=4096):
         transport=transport,
         session_id="speech_ws_" + "0" * 32,
         max_segment_chars=max_segment_chars,
-        lead_s=0,
         on_idle=idle,
         on_crash=lambda: pytest.fail("delivery crashed"),
     )
@@ -144,11 +71,13 @@ async def test_queued_chars_count_only_segments_not_started():
     texts = ["One.", "Two two.", "Three three.", "Four.", "Five five five."]
     for text in texts:
         pipeline.enqueue(text)
-    # Producers exist for the current segment and one ahead; the rest is pending text.
-    assert pipeline.queued_chars == sum(map(len, texts[2:]))
+    # A producer exists for the current segment; the rest is pending text until it has audio.
+    assert pipeline.queued_chars == sum(map(len, texts[1:]))
     assert pipeline.total_sentences == 5
     assert pipeline.busy
     await t.event("audio.start", sentence_index=0)
+    # The current segment has its first chunk: the one ahead is being synthesised too.
+    assert pipeline.queued_chars == sum(map(len, texts[2:]))
     assert len(engine.requests) == 2
     for k in range(5):
         engine.allow(1)
@@ -202,70 +131,98 @@ async def test_pipeline_restarts_after_going_idle():
     assert other_tasks() == set()
 
 
-# -- the limiter inside a pipeline, on the fake clock ------------------------------------------------
+# -- first audio first: the look-ahead waits for the current segment's first chunk ---------------------
 
-class AsyncioWithFakeSleep:
-    """The asyncio module as the pipeline sees it, except that a positive sleep advances the fake
-    clock instead of waiting (and still yields once, as a sleep does)."""
+class GatedEngine(FakeEngine):
+    """A FakeEngine whose every segment waits at its start until the test opens its gate."""
 
-    def __init__(self, clock):
-        self._clock = clock
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.gates = {}
 
-    def __getattr__(self, name):
-        return getattr(asyncio, name)
+    def gate(self, text):
+        return self.gates.setdefault(text, asyncio.Event())
 
-    async def sleep(self, seconds):
-        if seconds > 0:
-            self._clock.slept.append(seconds)
-            self._clock.now += seconds
-        await asyncio.sleep(0)
-
-
-@pytest.fixture
-def paced(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(pipeline_module, "time", types.SimpleNamespace(monotonic=fake.monotonic))
-    monkeypatch.setattr(pipeline_module, "asyncio", AsyncioWithFakeSleep(fake))
-    return fake
+    async def stream(self, request):
+        await self.gate(request.text).wait()
+        async for chunk in super().stream(request):
+            yield chunk
 
 
-def paced_pipeline(engine, transport, *, lead_s, stream):
-    idle = IdleCalls()
-    pipeline = Pipeline(engine=engine, config=SessionConfig(voice="fake", stream_audio=stream), transport=transport,
-                        session_id="speech_ws_" + "1" * 32, max_segment_chars=4096, lead_s=lead_s, on_idle=idle,
-                        on_crash=lambda: pytest.fail("delivery crashed"))
-    return pipeline, idle
+async def test_lookahead_starts_only_after_the_current_segment_has_audio():
+    engine = GatedEngine()
+    t = Recorder()
+    pipeline, idle = make_pipeline(engine, t)
+    for text in ["One.", "Two.", "Three."]:
+        pipeline.enqueue(text)
+    await asyncio.sleep(0)
+    assert [job.producer is not None for job in pipeline.jobs] == [True, False, False]
+    assert [job.ticket.current for job in pipeline.jobs] == [True, False, False]
+    engine.gate("One.").set()
+    await t.event("audio.start", sentence_index=0)
+    # The current segment has its first chunk: now (and only now) the next one may be synthesised.
+    assert [job.producer is not None for job in pipeline.jobs] == [True, True, False]
+    assert [job.ticket.current for job in pipeline.jobs] == [True, False, False]
+    await t.until("audio.done")
+    # Segment 1 is now the one being delivered: its queued work moves to the front of the engine's queue.
+    assert pipeline.jobs[0].text == "Two." and pipeline.jobs[0].ticket.current
+    engine.gate("Two.").set()
+    engine.gate("Three.").set()
+    await idle.wait()
+    assert [r.text for r in engine.requests] == ["One.", "Two.", "Three."]
+    assert len(check_segment_order(t.log)) == 3
+    await guard(pipeline.aclose())
+    assert other_tasks() == set()
 
+
+async def test_a_segment_that_fails_before_audio_still_lets_the_next_one_start():
+    engine = FakeEngine(fail_on="FAIL")
+    t = Recorder()
+    pipeline, idle = make_pipeline(engine, t)
+    pipeline.enqueue("FAIL now.")
+    pipeline.enqueue("Fine.")
+    await idle.wait()
+    assert [r.text for r in engine.requests] == ["FAIL now.", "Fine."]
+    await guard(pipeline.aclose())
+
+
+# -- backpressure: a client that stops reading holds delivery and synthesis ---------------------------
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
-async def test_pipeline_delivery_is_paced_by_the_lead(paced, stream):
-    engine = FakeEngine(chunks=2)  # 0.1 s of audio a segment
+async def test_a_client_that_stops_reading_holds_delivery_and_synthesis(stream):
+    engine = FakeEngine(chunks=3)
     t = Recorder()
-    pipeline, idle = paced_pipeline(engine, t, lead_s=0.25, stream=stream)
+    t.writable.clear()
+    pipeline, idle = make_pipeline(engine, t, stream=stream)
     for k in range(10):
         pipeline.enqueue(f"Segment {k}.")
+    await t.event("audio.start", sentence_index=0)
+    await until(lambda: len(engine.requests) == 1 + LOOKAHEAD and not engine.running)
+    assert t.held_sends == 1  # the first frame waits for the client
+    # Held: nothing beyond the look-ahead was synthesised, and nothing more is sent or queued.
+    assert [r.text for r in engine.requests] == ["Segment 0.", "Segment 1."]
+    assert pipeline.queued_chars == sum(len(f"Segment {k}.") for k in range(2, 10))
+    assert t.pending() == []
+    t.writable.set()  # the client reads again: everything is delivered, in order
     await idle.wait()
     assert len(check_segment_order(t.log)) == 10
-    # 1.0 s of audio with 0.25 s of lead: the rest went out at real time (fake clock), never further ahead.
-    assert paced.now - 1000.0 == pytest.approx(1.0 - 0.25, abs=0.1 + 1e-9)
+    assert len(engine.requests) == 10
     await guard(pipeline.aclose())
+    assert other_tasks() == set()
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
-async def test_cancel_clears_the_lead_debt(paced, stream):
-    engine = FakeEngine(chunks=2)  # 0.1 s of audio a segment
+async def test_cancel_while_the_client_is_not_reading_stops_the_segment():
+    engine = FakeEngine(chunks=3)
     t = Recorder()
-    pipeline, idle = paced_pipeline(engine, t, lead_s=0.25, stream=stream)
-    for k in range(6):
+    t.writable.clear()  # the client is not reading: the first frame waits
+    pipeline, idle = make_pipeline(engine, t)
+    for k in range(4):
         pipeline.enqueue(f"Segment {k}.")
-    while (await t.next())[1] != {"type": "audio.start", "id": "speech_ws_" + "1" * 32 + "-3", "sentence_index": 3,
-                                  "sentence_text": "Segment 3.", "format": "pcm", "sample_rate": 24000}:
-        pass  # by segment 3 the lead is used up: delivery is paced
-    assert paced.slept
-    await guard(pipeline.cancel())  # barge-in: the client drops everything it had buffered
-    before = len(paced.slept)
-    pipeline.enqueue("The new answer.")
-    await idle.wait()
-    # The new answer starts at once and may use the whole lead again: no pacing sleep at all.
-    assert paced.slept[before:] == []
-    await guard(pipeline.aclose())
+    await t.event("audio.start", sentence_index=0)
+    await until(lambda: t.held_sends == 1)
+    assert await guard(pipeline.cancel()) == 4
+    assert await t.event("audio.done", sentence_index=0, cancelled=True, error=False, total_bytes=0)
+    t.writable.set()
+    assert t.pending() == []  # the held frame was never sent
+    assert engine.running == 0
+    assert other_tasks() == set()

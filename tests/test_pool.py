@@ -1,4 +1,5 @@
-"""speech.engines.pool.BoundedPool: blocking work off the loop, bounded admission, slots freed.
+"""speech.engines.pool.SynthesisPool: blocking work off the loop, the most urgent job first,
+nothing refused, queued work dropped on cancel.
 
 Jobs are steered with threading.Event; nothing sleeps. Every wait has a hang guard.
 """
@@ -10,8 +11,7 @@ import threading
 
 import pytest
 
-from speech.engines import EngineBusy
-from speech.engines.pool import BoundedPool
+from speech.engines.pool import SynthesisPool, Ticket
 
 GUARD_S = 5
 
@@ -20,8 +20,8 @@ GUARD_S = 5
 def pools():
     made = []
 
-    def make(workers, queue_size):
-        pool = BoundedPool(workers, queue_size, "test-pool")
+    def make(workers):
+        pool = SynthesisPool(workers, "test-pool")
         made.append(pool)
         return pool
 
@@ -49,125 +49,167 @@ async def wait_started(gate):
     assert await asyncio.to_thread(gate.started.wait, GUARD_S)
 
 
+class Order:
+    """Jobs that record the order in which they ran."""
+
+    def __init__(self):
+        self.ran = []
+        self.lock = threading.Lock()
+
+    def job(self, name):
+        def run():
+            with self.lock:
+                self.ran.append(name)
+            return name
+        return run
+
+
+async def busy(pool):
+    """Occupy every worker of `pool`; returns the gates to release and their tasks."""
+    gates = [Gate() for _ in range(pool.workers)]
+    tasks = [asyncio.create_task(pool.run(gate)) for gate in gates]
+    for gate in gates:
+        await wait_started(gate)
+    return gates, tasks
+
+
+async def release(gates, tasks):
+    for gate in gates:
+        gate.release.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S)
+
+
 async def test_runs_work_off_the_event_loop_thread(pools):
-    pool = pools(1, 0)
+    pool = pools(1)
     loop_thread = threading.get_ident()
     ident, name = await asyncio.wait_for(
         pool.run(lambda: (threading.get_ident(), threading.current_thread().name)), GUARD_S)
     assert ident != loop_thread
     assert name.startswith("test-pool")
-    assert pool.taken == 0
+    assert pool.running == 0 and pool.depth == 0
 
 
 async def test_passes_arguments_and_returns_result(pools):
-    pool = pools(2, 0)
+    pool = pools(2)
     assert await asyncio.wait_for(pool.run(divmod, 17, 5), GUARD_S) == (3, 2)
 
 
-async def test_exception_propagates_and_frees_the_slot(pools):
-    pool = pools(1, 0)
+async def test_exception_propagates_and_frees_the_worker(pools):
+    pool = pools(1)
 
     def boom():
         raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
         await asyncio.wait_for(pool.run(boom), GUARD_S)
-    assert pool.taken == 0
+    assert pool.running == 0
     assert await asyncio.wait_for(pool.run(int, "7"), GUARD_S) == 7
 
 
-@pytest.mark.parametrize("workers,queue_size", [(1, 0), (1, 1), (2, 0), (2, 3)],
-                         ids=["1+0", "1+1", "2+0", "2+3"])
-async def test_refuses_once_workers_plus_queue_are_taken(pools, workers, queue_size):
-    pool = pools(workers, queue_size)
-    capacity = workers + queue_size
-    gates = [Gate() for _ in range(capacity)]
-    tasks = [asyncio.create_task(pool.run(gate, i)) for i, gate in enumerate(gates)]
-    for gate in gates[:workers]:
-        await wait_started(gate)
-    assert pool.taken == capacity
-
-    extra = Gate()
-    with pytest.raises(EngineBusy) as info:
-        await pool.run(extra)
-    assert str(info.value) == info.value.message == "The request queue is full."
-    assert info.value.error_type == "server_error" and info.value.code is None
-    assert pool.taken == capacity  # a refusal takes no slot
-    assert not extra.ran
-
-    for gate in gates:
-        gate.release.set()
-    assert await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S) == list(range(capacity))
-    assert pool.taken == 0
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_nothing_is_refused_every_queued_job_runs(pools, workers):
+    pool = pools(workers)
+    gates, blockers = await busy(pool)
+    tasks = [asyncio.create_task(pool.run(int, str(k))) for k in range(200)]
+    await asyncio.sleep(0)
+    assert pool.depth == 200
+    await release(gates, blockers)
+    assert await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S) == list(range(200))
+    assert pool.depth == 0 and pool.running == 0
 
 
-async def test_slot_is_freed_after_completion(pools):
-    pool = pools(1, 0)
-    gate = Gate()
-    task = asyncio.create_task(pool.run(gate, "a"))
-    await wait_started(gate)
-    with pytest.raises(EngineBusy):
-        await pool.run(int, "1")
-    gate.release.set()
-    assert await asyncio.wait_for(task, GUARD_S) == "a"
-    assert pool.taken == 0
-    assert await asyncio.wait_for(pool.run(int, "1"), GUARD_S) == 1  # the slot is usable again
+async def test_current_segments_go_before_look_ahead_then_first_come_first_served(pools):
+    pool = pools(1)
+    gates, blockers = await busy(pool)
+    order = Order()
+    tasks = [
+        asyncio.create_task(pool.run(order.job("ahead-1"), ticket=Ticket(current=False))),
+        asyncio.create_task(pool.run(order.job("current-1"))),
+        asyncio.create_task(pool.run(order.job("ahead-2"), ticket=Ticket(current=False))),
+        asyncio.create_task(pool.run(order.job("current-2"), ticket=Ticket(current=True))),
+    ]
+    await asyncio.sleep(0)
+    await release(gates, blockers)
+    await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S)
+    assert order.ran == ["current-1", "current-2", "ahead-1", "ahead-2"]
 
 
-async def test_cancelling_a_queued_job_frees_its_slot_and_it_never_runs(pools):
-    pool = pools(1, 1)
-    running, queued = Gate(), Gate()
-    first = asyncio.create_task(pool.run(running))
-    second = asyncio.create_task(pool.run(queued))
-    await wait_started(running)  # a loop round trip: both tasks have entered run() by now
-    assert pool.taken == 2
-    with pytest.raises(EngineBusy):
-        await pool.run(int, "1")
+async def test_a_look_ahead_that_becomes_current_moves_up_at_once(pools):
+    pool = pools(1)
+    gates, blockers = await busy(pool)
+    order = Order()
+    promoted = Ticket(current=False)
+    tasks = [
+        asyncio.create_task(pool.run(order.job("other session's look-ahead"), ticket=Ticket(current=False))),
+        asyncio.create_task(pool.run(order.job("promoted"), ticket=promoted)),
+        asyncio.create_task(pool.run(order.job("later current"))),
+    ]
+    await asyncio.sleep(0)
+    promoted.current = True  # its segment became the one being delivered while it waited
+    await release(gates, blockers)
+    await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S)
+    assert order.ran == ["promoted", "later current", "other session's look-ahead"]
 
-    second.cancel()
+
+async def test_cancelling_a_queued_job_drops_it_unrun(pools):
+    pool = pools(1)
+    gates, blockers = await busy(pool)
+    queued = Gate()
+    task = asyncio.create_task(pool.run(queued))
+    await asyncio.sleep(0)
+    assert pool.depth == 1
+    task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await second
-    assert pool.taken == 1  # only the running job holds a slot now
-
-    third = Gate()
-    third_task = asyncio.create_task(pool.run(third, "third"))  # fits in the freed slot
-    running.release.set()
-    third.release.set()
-    assert await asyncio.wait_for(third_task, GUARD_S) == "third"
-    await asyncio.wait_for(first, GUARD_S)
-    # The single worker took `third` after `running`; the cancelled job, queued before it, never ran.
+        await task
+    assert pool.depth == 0
+    await release(gates, blockers)
+    assert await asyncio.wait_for(pool.run(lambda: "next"), GUARD_S) == "next"
     assert not queued.ran
-    assert pool.taken == 0
 
 
-async def test_cancelling_a_running_job_keeps_its_slot_until_it_finishes(pools):
-    pool = pools(1, 1)
+async def test_cancelling_a_running_job_keeps_its_worker_until_it_finishes(pools):
+    pool = pools(1)
     gate = Gate()
     task = asyncio.create_task(pool.run(gate))
     await wait_started(gate)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    # The thread cannot be interrupted: the slot stays taken until the step is over.
-    assert pool.taken == 1
-    probe = asyncio.create_task(pool.run(lambda: "probe"))  # queued behind the abandoned job
+    # The thread cannot be interrupted: the worker stays busy until the step is over.
+    assert pool.running == 1
+    probe = asyncio.create_task(pool.run(lambda: "probe"))
     gate.release.set()
     assert await asyncio.wait_for(probe, GUARD_S) == "probe"
-    # One worker, FIFO: the abandoned job finished (and released) before the probe ran and released.
-    assert pool.taken == 0
+    assert pool.running == 0
 
 
-async def test_shutdown_drops_queued_jobs_and_frees_their_slots(pools):
-    pool = pools(1, 2)
+async def test_estimated_wait_counts_current_work_ahead_only(pools):
+    pool = pools(2)
+    assert pool.estimated_wait() == 0.0
+    gates, blockers = await busy(pool)
+    assert pool.estimated_wait() > 0.0  # both workers busy: a new job waits for one of them
+    one = pool.estimated_wait()
+    looking_ahead = [asyncio.create_task(pool.run(int, "1", ticket=Ticket(current=False))) for _ in range(10)]
+    await asyncio.sleep(0)
+    assert pool.estimated_wait() == one  # look-ahead work never delays a new session's first segment
+    current = [asyncio.create_task(pool.run(int, "1")) for _ in range(4)]
+    await asyncio.sleep(0)
+    assert pool.estimated_wait() == pytest.approx(5 * one)
+    await release(gates, blockers)
+    await asyncio.wait_for(asyncio.gather(*looking_ahead, *current), GUARD_S)
+    assert pool.estimated_wait() == 0.0
+
+
+async def test_shutdown_drops_queued_jobs(pools):
+    pool = pools(1)
     running, queued = Gate(), Gate()
     first = asyncio.create_task(pool.run(running))
-    second = asyncio.create_task(pool.run(queued))
     await wait_started(running)
-    assert pool.taken == 2
+    second = asyncio.create_task(pool.run(queued))
+    await asyncio.sleep(0)
     pool.shutdown()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(second, GUARD_S)
     running.release.set()
     await asyncio.wait_for(first, GUARD_S)
     assert not queued.ran
-    assert pool.taken == 0

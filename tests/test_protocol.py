@@ -1,4 +1,4 @@
-"""speech.protocol: parse_config (contract §3), parse_message and utf8_length_exceeds."""
+"""speech.protocol: parse_config (docs/protocol.md, session.config fields), parse_message and utf8_length_exceeds."""
 
 from __future__ import annotations
 

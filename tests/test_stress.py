@@ -27,7 +27,7 @@ CONFIG_BYTES = 16 * MIB - 64
 
 @pytest.fixture(scope="module")
 def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": "2", "SPEECH_MAX_LEAD_S": "0",
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": "2",
                   "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
         srv.watch = ProcWatch(srv.proc.pid)
         yield srv
@@ -107,6 +107,7 @@ async def _over_budget_reply(server):
 
 
 def test_large_frame_over_budget_is_refused_at_its_header(server):
+    idle(server)
     (opcode, payload), (close_opcode, close_payload) = asyncio.run(_over_budget_reply(server))
     assert opcode == 0x1
     assert json.loads(payload) == {"type": "error", "message": OVER_BUDGET_MESSAGE, "error_type": "rate_limit_error",
@@ -243,7 +244,7 @@ def test_every_engine_gets_text_without_controls_or_invisible_characters():
 def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplog):
     from speech.engines.hibari import HibariEngine
 
-    engine = HibariEngine(workers=1, queue_size=1)
+    engine = HibariEngine(workers=1)
 
     def breaks():
         int("⑵")

@@ -47,7 +47,7 @@ def server_env(url, media, **extra):
     env = {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": url, "SPEECH_REQUIRE_API_KEY": "false",
            "REDIS_URL": "", "MEDIA_ROOT": media, "SPEECH_UPSTREAM_API_KEY": KEY,
            "SPEECH_UPSTREAM_READ_TIMEOUT_S": str(READ_TIMEOUT_S), "SPEECH_UPSTREAM_CONNECT_TIMEOUT_S": "3",
-           "SPEECH_IDLE_TIMEOUT_S": "30", "SPEECH_MAX_LEAD_S": "20"}
+           "SPEECH_IDLE_TIMEOUT_S": "30"}
     env.update(extra)
     return env
 

@@ -1,7 +1,7 @@
-"""Django settings, read from the environment (see ../shared/spec/settings.md and README).
+"""Django settings, read from the environment (every variable is in the README's Settings table).
 
 Every value has a default that serves one machine out of the box: the embedded engine, SQLite,
-and the in-process channel layer. Production changes them with environment variables only.
+and no Redis (REDIS_URL unset: one instance). Production changes them with environment variables only.
 """
 
 import os
@@ -61,11 +61,18 @@ ASGI_APPLICATION = "ttsproject.asgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 
-# Without REDIS_URL one instance serves everything: control signals and per-key session counts
-# stay in the process. With it, Redis carries them across instances (speech/signals.py, speech/slots.py).
-# Consumers use no Channels layer: every consumer would otherwise subscribe a Redis channel at
-# connect and fail when Redis is away, and sessions must keep working then.
+# Without REDIS_URL one instance serves everything: Channels' in-memory layer carries control signals
+# and per-key session counts stay in the process. With it, channels-redis's core layer (made to outlive
+# Redis outages by speech/layer.py) carries them across instances, and slots live in Redis (speech/slots.py).
 REDIS_URL = env.str("REDIS_URL", default="")
+# Prefix of every Redis key and channel this deployment uses (the channel layer's, per-key slots,
+# instance heartbeats): two deployments sharing one Redis never see each other's signals or slots.
+SPEECH_REDIS_PREFIX = env.str("SPEECH_REDIS_PREFIX", default="speech")
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "speech.layer.SpeechChannelLayer",
+                                  "CONFIG": {"hosts": [REDIS_URL], "prefix": SPEECH_REDIS_PREFIX}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -83,16 +90,33 @@ STATIC_URL = "static/"
 # daphne serves no static files: WhiteNoise serves the admin's straight from the apps, so there
 # is no collectstatic step.
 WHITENOISE_USE_FINDERS = True
+# Uploaded reference voices go through Django's storage API (speech/voices.py), to MEDIA_ROOT by
+# default: with several instances it must be a directory they all share (one volume in
+# docker/compose.yaml), since a voice uploaded through one instance is read by another's sessions.
 MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "media")
 MEDIA_URL = "media/"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Every record carries the session it was logged in (speech/logcontext.py): `session` in the plain
+# format ("-" outside a session), `session_id` in JSON (DJANGO_LOG_FORMAT=json: one object a line).
+LOG_FORMAT = env.str("DJANGO_LOG_FORMAT", default="plain")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"session": {"()": "speech.logcontext.SessionFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(session)s]: %(message)s"},
+        "json": {"()": "speech.logcontext.JsonFormatter",
+                 "fmt": "%(asctime)s %(levelname)s %(name)s %(session_id)s %(message)s",
+                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"}},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["session"],
+                             "formatter": "json" if LOG_FORMAT == "json" else "plain"}},
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="INFO")},
     # httpx logs every upstream request at INFO: one line per synthesised segment is noise
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
@@ -101,7 +125,7 @@ LOGGING = {
 # --- speech (defaults and meaning in speech/conf.py and the README) -----------------------------
 SPEECH_ENGINE = env.str("SPEECH_ENGINE", default="hibari")
 SPEECH_ENGINE_WORKERS = env.int("SPEECH_ENGINE_WORKERS", default=os.cpu_count() or 1)
-SPEECH_ENGINE_QUEUE_SIZE = env.int("SPEECH_ENGINE_QUEUE_SIZE", default=32)
+SPEECH_MAX_QUEUE_WAIT_S = env.float("SPEECH_MAX_QUEUE_WAIT_S", default=2.0)
 SPEECH_CONFIG_TIMEOUT_S = env.float("SPEECH_CONFIG_TIMEOUT_S", default=10.0)
 SPEECH_IDLE_TIMEOUT_S = env.float("SPEECH_IDLE_TIMEOUT_S", default=30.0)
 SPEECH_MAX_CONFIG_BYTES = env.int("SPEECH_MAX_CONFIG_BYTES", default=16 * 1024 * 1024)
@@ -110,7 +134,6 @@ SPEECH_CONFIG_BUDGET_BYTES = env.int("SPEECH_CONFIG_BUDGET_BYTES", default=64 * 
 SPEECH_MAX_MESSAGE_BYTES = env.int("SPEECH_MAX_MESSAGE_BYTES", default=131072)
 SPEECH_MAX_PENDING_CHARS = env.int("SPEECH_MAX_PENDING_CHARS", default=262144)
 SPEECH_MAX_SEGMENT_CHARS = env.int("SPEECH_MAX_SEGMENT_CHARS", default=4096)
-SPEECH_MAX_LEAD_S = env.float("SPEECH_MAX_LEAD_S", default=20.0)
 SPEECH_ALLOWED_ORIGINS = env.list("SPEECH_ALLOWED_ORIGINS", default=[])
 SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
 SPEECH_REQUIRE_API_KEY = env.bool("SPEECH_REQUIRE_API_KEY", default=False)
@@ -126,6 +149,9 @@ SPEECH_UPSTREAM_CONNECT_TIMEOUT_S = env.float("SPEECH_UPSTREAM_CONNECT_TIMEOUT_S
 SPEECH_UPSTREAM_READ_TIMEOUT_S = env.float("SPEECH_UPSTREAM_READ_TIMEOUT_S", default=30.0)
 SPEECH_UPSTREAM_RETRIES = env.int("SPEECH_UPSTREAM_RETRIES", default=2)
 SPEECH_UPSTREAM_MAX_CONNECTIONS = env.int("SPEECH_UPSTREAM_MAX_CONNECTIONS", default=100)
+# /metrics: unset, only clients on this machine (loopback) may read it; set, it wants
+# `Authorization: Bearer <token>` from everyone.
+SPEECH_METRICS_TOKEN = env.str("SPEECH_METRICS_TOKEN", default="")
 
 # Voice uploads are at most 10 MiB (speech/voices.py); larger request bodies are refused with
 # 413 before they are read, and file parts go to a temporary file rather than memory.

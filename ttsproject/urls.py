@@ -1,11 +1,15 @@
 from django.contrib import admin
 from django.urls import path
 
-from speech import api, views
+from speech import api, playground, views
 
 urlpatterns = [
+    path("", playground.page, name="playground"),
+    path("playground/token", playground.staff_token, name="playground-token"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("health", views.health, name="health"),
+    path("metrics", views.metrics, name="metrics"),
     path("v1/audio/speech", api.speech, name="speech"),
     path("v1/audio/voices", api.voice_list, name="voice-list"),
     path("v1/audio/voices/<str:name>", api.voice_detail, name="voice-detail"),

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
+from .pool import CURRENT, Ticket
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class SynthesisRequest:
     speed: float = 1.0
     options: Mapping[str, Any] = field(default_factory=dict)  # model, language, seed, temperature, …
     reference: Any = None  # speech.voices.ReferenceVoice: audio + transcript, for engines that clone
+    ticket: Ticket = CURRENT  # the segment's place in a synthesis pool's queue (speech.engines.pool)
 
 
 class EngineError(SpeechError):
@@ -66,8 +68,18 @@ class Engine(abc.ABC):
         Cancelling the consuming task, or closing the iterator, must abort the engine's work for
         this request (queued work is dropped; running work stops at its next step)."""
 
+    def estimated_wait(self) -> float:
+        """Seconds a new session's first segment would wait before its synthesis starts here;
+        the handshake refuses new sessions past SPEECH_MAX_QUEUE_WAIT_S. Engines without a local
+        queue (an upstream server) answer 0: the upstream judges its own load."""
+        return 0.0
+
     async def warm_up(self) -> None:
         """Load lazily-loaded parts so the first client does not pay for them."""
+
+    async def ready(self) -> None:
+        """Readiness (`GET /health`): raise EngineError saying why this engine cannot serve now.
+        An embedded engine that was built is ready."""
 
     async def aclose(self) -> None:
         """Release threads and connections."""

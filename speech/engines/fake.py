@@ -32,6 +32,7 @@ class FakeEngine(Engine):
         speed_range=(0.25, 4.0),
         reference_audio=False,
         instructions=False,
+        chars_per_s=None,
     ):
         self.capabilities = Capabilities(
             name="fake",
@@ -44,6 +45,7 @@ class FakeEngine(Engine):
         )
         self.chunk_samples = int(sample_rate * chunk_s)
         self.chunks = chunks
+        self.chars_per_s = chars_per_s  # set: at least as much audio as speaking the text would take
         self.delay_s = delay_s
         self.hold = hold
         self.fail_on = fail_on
@@ -54,6 +56,18 @@ class FakeEngine(Engine):
         self.aborted = 0  # streams that ended because the consumer cancelled or closed them
         self.completed = 0
         self._permits = asyncio.Semaphore(0)
+
+    @classmethod
+    def from_settings(cls, conf):
+        """In a running server (SPEECH_ENGINE=fake: live tests, bench/throughput.py's delivery cost),
+        audio about as long as the text spoken, at 15 characters a second, in 0.2 s chunks."""
+        return cls(chunk_s=0.2, chunks=1, chars_per_s=15)
+
+    def chunk_count(self, text):
+        if not self.chars_per_s:
+            return self.chunks
+        seconds = len(text) / self.chars_per_s
+        return max(self.chunks, round(seconds * self.capabilities.sample_rate / self.chunk_samples))
 
     def allow(self, n=1):
         for _ in range(n):
@@ -68,7 +82,7 @@ class FakeEngine(Engine):
         self.running += 1
         finished = False
         try:
-            for i in range(self.chunks):
+            for i in range(self.chunk_count(request.text)):
                 if self.fail_on is not None and self.fail_on in request.text and i == self.fail_after:
                     raise self.error
                 if self.delay_s:

@@ -1,6 +1,6 @@
 """Hibari: the embedded engine. Real neural speech on the CPU, weights inside its wheel.
 
-Facts this relies on (../shared/spec/engines.md): 24 kHz float32 output, one array per sentence,
+Facts this relies on (docs/engines.md, Hibari): 24 kHz float32 output, one array per sentence,
 a lazily loaded G2P (warmed up here), ~0.3 s of leading and ~0.5 s of
 trailing near-silence per sentence (trimmed) and quiet output (normalised). onnxruntime releases
 the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import audio
 from .base import Capabilities, Engine, EngineError, SynthesisRequest
-from .pool import BoundedPool
+from .pool import SynthesisPool
 from .text import for_number_reader
 
 logger = logging.getLogger(__name__)
@@ -71,13 +71,13 @@ def load_voice(name):
 
 
 class HibariEngine(Engine):
-    def __init__(self, *, workers=1, queue_size=32):
+    def __init__(self, *, workers=1):
         from hibari import SAMPLE_RATE
         from hibari.voices import DEFAULT
 
         voices = available_voices()
         self._models = {name: load_voice(name) for name in voices}
-        self._pool = BoundedPool(workers, queue_size, "hibari")
+        self._pool = SynthesisPool(workers, "hibari")
         self.capabilities = Capabilities(
             name="hibari",
             voices=voices,
@@ -91,7 +91,7 @@ class HibariEngine(Engine):
 
     @classmethod
     def from_settings(cls, conf):
-        return cls(workers=conf.ENGINE_WORKERS, queue_size=conf.ENGINE_QUEUE_SIZE)
+        return cls(workers=conf.ENGINE_WORKERS)
 
     def _render(self, tts, phonemes, speed, rng):
         rate = self.capabilities.sample_rate
@@ -109,25 +109,28 @@ class HibariEngine(Engine):
         tts = self._models[request.voice]
         rng = np.random.default_rng(request.options.get("seed"))  # the handshake checked the seed's range
         text = for_number_reader(request.text)
-        first, rest = await self._job(self._first, tts, text, request.speed, rng)
+        first, rest = await self._job(self._first, tts, text, request.speed, rng, ticket=request.ticket)
         if first is not None and first.size:
             yield first
         for phonemes in rest:
-            chunk = await self._job(self._render, tts, phonemes, request.speed, rng)
+            chunk = await self._job(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket)
             if chunk.size:
                 yield chunk
 
-    async def _job(self, fn, *args):
+    async def _job(self, fn, *args, **kwargs):
         """One pool job; a failure inside Hibari on text the normaliser let through fails this
         segment with the contract's error and one log line: the text is the client's, the trace
         would only repeat Hibari's internals."""
         try:
-            return await self._pool.run(fn, *args)
+            return await self._pool.run(fn, *args, **kwargs)
         except EngineError:
             raise
         except Exception as exc:
             logger.warning("hibari failed on a segment: %s: %s", type(exc).__name__, exc)
             raise EngineError(FAILED_MESSAGE) from None
+
+    def estimated_wait(self):
+        return self._pool.estimated_wait()
 
     async def warm_up(self):
         for voice in self.capabilities.voices:

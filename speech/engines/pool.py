@@ -1,45 +1,146 @@
-"""A bounded thread pool for blocking synthesis calls.
+"""The synthesis pool: blocking engine calls on a few threads, the most urgent first.
 
-Synthesis never runs on the event loop. The pool has `workers` threads and takes at most
-`workers + queue_size` jobs at once; past that a job is refused at once with EngineBusy
-("The request queue is full.") instead of waiting without bound. Cancelling the awaiting task
-drops a job that has not started; a running one finishes its step and its result is discarded.
+Synthesis never runs on the event loop. Every session of the process shares one queue, and a free
+thread takes the most urgent job: one for a segment that is being delivered (`Ticket.current`)
+before any look-ahead, then first come, first served. The pipeline keeps at most one current and
+one look-ahead segment of a session in synthesis, so the queue holds at most two jobs a session
+and one session's 60 queued sentences cannot starve another's first one. A look-ahead job whose
+segment becomes the one being delivered moves up at once: priorities are read when a thread frees.
+
+Nothing is refused here: a job a session has accepted waits its turn. Overload is handled before
+work is accepted: a WebSocket handshake or a REST request is refused while `estimated_wait` is
+over SPEECH_MAX_QUEUE_WAIT_S.
+
+Cancelling the awaiting task drops a job that has not started; a running one finishes its step
+and its result is discarded.
 """
 
+from __future__ import annotations
+
 import asyncio
+import itertools
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .base import EngineBusy
+SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
+INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
 
 
-class BoundedPool:
-    def __init__(self, workers, queue_size, name):
-        self.capacity = workers + queue_size
+class Ticket:
+    """A segment's place in the queue. The pipeline sets `current` when the segment becomes the one
+    being delivered; until then its jobs wait behind every current one."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, current=True):
+        self.current = current
+
+
+CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up)
+
+
+class _Job:
+    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop")
+
+    def __init__(self, fn, args, ticket, seq, loop):
+        self.fn, self.args, self.ticket, self.seq, self.loop = fn, args, ticket, seq, loop
+        self.future = loop.create_future()
+
+    def urgency(self):
+        return (not self.ticket.current, self.seq)
+
+
+class SynthesisPool:
+    def __init__(self, workers, name):
+        self.workers = workers
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
-        self._lock = threading.Lock()
-        self._taken = 0
+        self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
+        self._waiting: list[_Job] = []  # scanned when a thread frees: at most two jobs a session
+        self._running = 0
+        self._seq = itertools.count()
+        self._service_s = INITIAL_SERVICE_S
 
     @property
-    def taken(self):
-        return self._taken
+    def depth(self):
+        """Jobs waiting for a thread."""
+        return len(self._waiting)
 
-    def _release(self, _future):
-        with self._lock:
-            self._taken -= 1
+    @property
+    def running(self):
+        return self._running
 
-    async def run(self, fn, *args):
+    def estimated_wait(self):
+        """Seconds a new session's first job would wait for a thread: the running jobs and the
+        current-segment jobs queued ahead of it, at the recent mean job duration."""
         with self._lock:
-            if self._taken >= self.capacity:
-                raise EngineBusy()
-            self._taken += 1
+            ahead = self._running + sum(1 for job in self._waiting if job.ticket.current)
+            service_s = self._service_s
+        if ahead < self.workers:
+            return 0.0
+        return (ahead - self.workers + 1) * service_s / self.workers
+
+    async def run(self, fn, *args, ticket=CURRENT):
+        job = _Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        with self._lock:
+            self._waiting.append(job)
+        self._dispatch()
         try:
-            future = self._executor.submit(fn, *args)
-        except BaseException:
-            self._release(None)
+            return await job.future
+        except asyncio.CancelledError:
+            with self._lock:
+                if job in self._waiting:
+                    self._waiting.remove(job)
             raise
-        future.add_done_callback(self._release)
-        return await asyncio.wrap_future(future)
+
+    def _dispatch(self):
+        while True:
+            with self._lock:
+                if self._running >= self.workers or not self._waiting:
+                    return
+                job = min(self._waiting, key=_Job.urgency)
+                self._waiting.remove(job)
+                self._running += 1
+            try:
+                self._executor.submit(self._call, job)
+            except RuntimeError:  # shut down: the job can never run
+                with self._lock:
+                    self._running -= 1
+                job.loop.call_soon_threadsafe(_settle, job.future, None, RuntimeError("synthesis pool is shut down"))
+                return
+
+    def _call(self, job):
+        started = time.perf_counter()
+        result = error = None
+        try:
+            result = job.fn(*job.args)
+        except BaseException as exc:  # handed to the awaiting task, like concurrent.futures does
+            error = exc
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            self._running -= 1
+            self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
+        try:
+            job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+        except RuntimeError:  # the caller's loop is closed: nobody is waiting
+            pass
+        self._dispatch()
 
     def shutdown(self):
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        for job in waiting:
+            try:
+                job.loop.call_soon_threadsafe(job.future.cancel)
+            except RuntimeError:
+                pass
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _settle(future, result, error):
+    if future.done():  # the awaiting task was cancelled while the job ran
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

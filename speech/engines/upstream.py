@@ -113,6 +113,15 @@ class OpenAIEngine(Engine):
         if voices:
             self.capabilities = self._capabilities(voices, self.capabilities.sample_rate)
 
+    async def ready(self):
+        """Ready when the upstream answers HTTP below 500 (its voice listing, or a 404 without one)."""
+        try:
+            response = await self.client().get(f"{self.url}/audio/voices")
+        except httpx.HTTPError as exc:
+            raise EngineError(f"upstream {self.url} is unreachable ({type(exc).__name__})") from None
+        if response.status_code >= 500:
+            raise EngineError(f"upstream {self.url} answers {response.status_code}")
+
     def _maybe_rediscover(self):
         if self._voices_pending and self.voice_refresh is None and time.monotonic() >= self._next_discovery:
             self.voice_refresh = asyncio.create_task(self.warm_up(), name="upstream-voices")

@@ -6,18 +6,26 @@ limit still reaches the application and gets the contract's error (4009) rather 
 daphne runs in this process (speech.server), so SIGTERM stops it after sessions have been ended.
 """
 
+import logging
 import os
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from speech.conf import conf
 
 FRAME_SLACK_BYTES = 1 << 20
 
+logger = logging.getLogger("speech.serve")
+
 
 def daphne_args(host, port):
     limit = max(conf.MAX_CONFIG_BYTES, conf.MAX_MESSAGE_BYTES) + FRAME_SLACK_BYTES
+    # daphne writes its access log as plain lines to stdout; with JSON logs every line must be a JSON
+    # object, so it is left out there (the load balancer's access log has the requests).
+    quiet = ["--verbosity", "0"] if settings.LOG_FORMAT == "json" else []
     return [
+        *quiet,
         "-b", host, "-p", str(port),
         "--websocket-max-message-size", str(limit),
         "--websocket-max-frame-size", str(limit),
@@ -35,5 +43,5 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, **options):
         from speech.server import SpeechCommandLine  # installs Twisted's asyncio reactor
 
-        self.stdout.write(f"serving on ws://{host}:{port}/v1/audio/speech/stream (engine {conf.ENGINE})")
+        logger.info("serving on ws://%s:%s/v1/audio/speech/stream (engine %s)", host, port, conf.ENGINE)
         SpeechCommandLine().run(daphne_args(host, port))

@@ -1,0 +1,302 @@
+"""Delivery at the speed of the reader: the server against the raw engine, side by side.
+
+    .venv/bin/python bench/throughput.py [--rounds 5] [--workers 2] [--only NAME ...] [--no-write]
+
+Parts (each can be run alone with --only):
+
+* paragraph: a 6-sentence paragraph (about 22 s of audio) sent whole to C = 1, 4, 8 sessions at
+  once on a real daphne with Hibari (SPEECH_ENGINE_WORKERS=--workers), against the raw engine in
+  this process through a pool of the same size (`HibariEngine(workers).stream`, the same
+  segments, each session's segments one after another, C sessions at once). Rounds alternate
+  server and engine, so both see the same machine. Reported: aggregate audio seconds per wall
+  second (server / engine), the paragraph's first and last audio at C = 1 against the engine's
+  own first chunk and last chunk, and first audio per session at C = 4 and 8 against the engine's
+  first chunk under the same concurrency.
+(The handshake's latency is bench/handshake.py's.)
+* delivery: the cost of delivery alone: SPEECH_ENGINE=fake (audio as long as speech, made
+  instantly), daphne pinned to one core, N sessions at once each reading at real time like a
+  player with a 1 s buffer (this process, pinned to the other core). Reported per N: the slowest
+  session's audio seconds per wall second after its first audio (>= 0.99 keeps up with real time).
+* stalled: 50 sessions that each send 60 sentences and never read (half silent, half sending a
+  keep-alive every 10 s), on Hibari: server RSS before / after the stall / after they disconnect,
+  and the server's CPU seconds in the stall's second half (synthesis stopped after the
+  look-ahead: close to 0).
+
+Writes the section "## Delivery and throughput (bench/throughput.py)" of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
+
+from report import header, write_section  # noqa: E402
+
+from tests.live import DaphneServer, open_session, recv_item  # noqa: E402
+
+SECTION = "## Delivery and throughput (bench/throughput.py)"
+RATE = 24000
+PARAGRAPH = (
+    "The old lighthouse stood at the edge of the cliff for more than a hundred years. "
+    "Every night its keeper climbed the narrow stairs to light the great lamp. "
+    "Ships far out at sea watched for its beam and steered away from the rocks. "
+    "One winter a storm broke the glass and the keeper worked until dawn to repair it. "
+    "By morning the light was shining again across the grey and restless water. "
+    "The sailors who passed that week never knew how close they had come to the rocks."
+)
+CONCURRENCY = (1, 4, 8)
+DELIVERY_SESSIONS = (100, 200, 400)
+DELIVERY_AUDIO_S = 20.0
+PLAYER_BUFFER_S = 1.0
+STALLED_SESSIONS, STALLED_SENTENCES, STALL_S, KEEPALIVE_S = 50, 60, 40.0, 10.0
+
+
+def pct(values, q):
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def segments(text):
+    from speech.segmenter import Segmenter
+
+    cutter = Segmenter("sentence")
+    return [*cutter.feed(text), *cutter.flush()]
+
+
+# -- the raw engine, in this process ----------------------------------------------------------------
+
+async def engine_session(engine, texts, t0):
+    from speech.engines import SynthesisRequest
+
+    first = last = None
+    samples = 0
+    for text in texts:
+        async for chunk in engine.stream(SynthesisRequest(text, engine.capabilities.default_voice)):
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            samples += chunk.size
+    return first - t0, last - t0, samples / engine.capabilities.sample_rate
+
+
+async def engine_round(engine, texts, c):
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(engine_session(engine, texts, t0) for _ in range(c)))
+    return results, sum(r[2] for r in results) / max(r[1] for r in results)
+
+
+# -- the server ------------------------------------------------------------------------------------
+
+async def configured_session(url, config):
+    ws = await open_session(url)
+    await ws.send(json.dumps({"type": "session.config", "session": config}))
+    reply = await recv_item(ws)
+    assert reply.kind == "event" and reply.data["type"] == "session.configured", reply
+    return ws
+
+
+async def read_to_close(ws, t0):
+    first = last = None
+    received = 0
+    async for message in ws:
+        if isinstance(message, bytes):
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            received += len(message)
+        elif json.loads(message)["type"] == "error":
+            raise AssertionError(message)
+    return first - t0, last - t0, received / 2 / RATE
+
+
+async def server_round(url, c):
+    sockets = await asyncio.gather(*(configured_session(url, {"stream_audio": True}) for _ in range(c)))
+    t0 = time.perf_counter()
+    for ws in sockets:
+        await ws.send(json.dumps({"type": "input.text", "text": PARAGRAPH}))
+        await ws.send(json.dumps({"type": "input.done"}))
+    results = await asyncio.gather(*(read_to_close(ws, t0) for ws in sockets))
+    return results, sum(r[2] for r in results) / max(r[1] for r in results)
+
+
+async def paragraph_part(args, lines):
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=args.workers)
+    await engine.warm_up()
+    texts = segments(PARAGRAPH)
+    data = {c: {"server": [], "engine": [], "s_first": [], "e_first": [], "s_last": [], "e_last": []}
+            for c in CONCURRENCY}
+    with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
+        for c in CONCURRENCY:  # warm both sides at every concurrency
+            await server_round(server.ws_url, c)
+            await engine_round(engine, texts, c)
+        for r in range(args.rounds):
+            for c in CONCURRENCY:
+                order = ("server", "engine") if r % 2 == 0 else ("engine", "server")
+                for side in order:
+                    if side == "server":
+                        results, rate = await server_round(server.ws_url, c)
+                    else:
+                        results, rate = await engine_round(engine, texts, c)
+                    key = side[0]
+                    data[c][side].append(rate)
+                    data[c][f"{key}_first"] += [x[0] * 1000 for x in results]
+                    data[c][f"{key}_last"] += [x[1] * 1000 for x in results]
+        server.assert_no_traceback()
+    await engine.aclose()
+    lines += ["", f"### Paragraph ({len(texts)} sentences) and concurrency, Hibari, {args.workers} workers, "
+              f"{args.rounds} interleaved rounds", "",
+              "| C | server audio s / wall s | engine audio s / wall s | server / engine | "
+              "first audio p50 server / engine (ms) | last audio p50 server / engine (ms) |",
+              "|---|---|---|---|---|---|"]
+    for c in CONCURRENCY:
+        d = data[c]
+        s, e = np.median(d["server"]), np.median(d["engine"])
+        lines.append(f"| {c} | {s:.1f} | {e:.1f} | {s / e:.2f} | {pct(d['s_first'], 50):.1f} / "
+                     f"{pct(d['e_first'], 50):.1f} ({pct(d['s_first'], 50) / pct(d['e_first'], 50):.2f}x) | "
+                     f"{pct(d['s_last'], 50):.1f} / {pct(d['e_last'], 50):.1f} |")
+    one = data[1]
+    lines += ["", f"* Paragraph at C = 1: first audio {pct(one['s_first'], 50) - pct(one['e_first'], 50):+.1f} ms "
+              f"against the engine's first chunk (target <= 3 ms); last audio "
+              f"{pct(one['s_last'], 50) - pct(one['e_last'], 50):+.1f} ms against the engine's last chunk "
+              "(target <= 10 ms), p50.",
+              "* Targets: server / engine >= 0.95 at every C; first audio per session at C = 4, 8 at most 1.1x."]
+
+
+# -- delivery cost ---------------------------------------------------------------------------------
+
+async def player(url, text):
+    """A client that plays at real time with a 1 s buffer: it reads while its buffer is short."""
+    ws = await configured_session(url, {"stream_audio": True})
+    await ws.send(json.dumps({"type": "input.text", "text": text}))
+    await ws.send(json.dumps({"type": "input.done"}))
+    started = None
+    received = 0.0
+    async for message in ws:
+        if not isinstance(message, bytes):
+            continue
+        now = time.perf_counter()
+        started = started or now
+        received += len(message) / 2 / RATE
+        ahead = received - (now - started)
+        if ahead > PLAYER_BUFFER_S:
+            await asyncio.sleep(ahead - PLAYER_BUFFER_S)
+    elapsed = time.perf_counter() - started
+    # Real time: `received` seconds of audio in `received - buffer` seconds at most.
+    return (received - PLAYER_BUFFER_S) / elapsed, received
+
+
+async def delivery_part(args, lines):
+    sentence = "This sentence is spoken by the test double at fifteen characters a second. "
+    text = sentence * max(1, round(DELIVERY_AUDIO_S * 15 / len(sentence)))
+    os.sched_setaffinity(0, {1})
+    env = {"SPEECH_ENGINE": "fake", "SPEECH_IDLE_TIMEOUT_S": "120"}
+    lines += ["", f"### Delivery cost (test-double engine, daphne on one core, readers at real time with a "
+              f"{PLAYER_BUFFER_S:g} s buffer, ~{DELIVERY_AUDIO_S:g} s of audio each)", "",
+              "| sessions | slowest audio s / wall s | p5 | median | server CPU % |", "|---|---|---|---|---|"]
+    with DaphneServer(env) as server:
+        os.sched_setaffinity(server.proc.pid, {0})
+        for n in args.delivery or DELIVERY_SESSIONS:
+            cpu0 = cpu_seconds(server.proc.pid)
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(player(server.ws_url, text) for _ in range(n)))
+            wall = time.perf_counter() - t0
+            cpu = (cpu_seconds(server.proc.pid) - cpu0) / wall * 100
+            ratios = [r[0] for r in results]
+            lines.append(f"| {n} | {min(ratios):.3f} | {pct(ratios, 5):.3f} | {pct(ratios, 50):.3f} | {cpu:.0f} |")
+            print(lines[-1], flush=True)
+        server.assert_no_traceback()
+    os.sched_setaffinity(0, set(range(os.cpu_count())))
+    lines.append("* Target: 400 sessions, each >= 0.99.")
+
+
+# -- stalled readers -------------------------------------------------------------------------------
+
+def rss_mib(pid):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid):
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def stalled_client(url, keepalive, stop):
+    ws = await open_session(url, max_queue=1)
+    ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    await ws.send(json.dumps({"type": "session.config", "session": {"stream_audio": True}}))
+    text = " ".join(f"This is sentence number {k} of a long answer that nobody reads." for k in range(STALLED_SENTENCES))
+    await ws.send(json.dumps({"type": "input.text", "text": text}))
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), KEEPALIVE_S)
+        except TimeoutError:
+            if keepalive:
+                await ws.send(json.dumps({"type": "session.keepalive"}))
+    ws.transport.abort()
+
+
+async def stalled_part(args, lines):
+    with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
+        pid = server.proc.pid
+        await server_round(server.ws_url, 1)  # warm
+        before = rss_mib(pid)
+        stop = asyncio.Event()
+        clients = [asyncio.create_task(stalled_client(server.ws_url, k % 2 == 1, stop)) for k in range(STALLED_SESSIONS)]
+        await asyncio.sleep(STALL_S / 2)
+        cpu_mid, rss_mid = cpu_seconds(pid), rss_mib(pid)
+        await asyncio.sleep(STALL_S / 2)
+        cpu_late = cpu_seconds(pid) - cpu_mid
+        held = rss_mib(pid)
+        stop.set()
+        await asyncio.gather(*clients)
+        await asyncio.sleep(5)  # the server notices the aborted connections and ends their sessions
+        after = rss_mib(pid)
+        server.assert_no_traceback()
+    lines += ["", f"### Stalled readers ({STALLED_SESSIONS} sessions x {STALLED_SENTENCES} sentences, never read, "
+              f"half sending a keep-alive every {KEEPALIVE_S:g} s, {STALL_S:g} s)", "",
+              f"* server RSS: before {before:.0f} MiB, mid-stall {rss_mid:.0f} MiB, end of stall {held:.0f} MiB "
+              f"({(held - before) / STALLED_SESSIONS * 1024:.0f} KiB a session; target <= 1024), "
+              f"after they left {after:.0f} MiB",
+              f"* server CPU in the stall's second half: {cpu_late:.2f} s over {STALL_S / 2:g} s "
+              "(synthesis stopped after the look-ahead)"]
+
+
+PARTS = {"paragraph": paragraph_part, "delivery": delivery_part,
+         "stalled": stalled_part}
+
+
+async def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", nargs="*", choices=sorted(PARTS))
+    parser.add_argument("--delivery", type=int, nargs="*", help="session counts for the delivery part")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    lines = header(SECTION, "bench/throughput.py " + " ".join(sys.argv[1:]))
+    for name in args.only or PARTS:
+        print(f"-- {name}", flush=True)
+        await PARTS[name](args, lines)
+        print("\n".join(lines), flush=True)
+    if not args.no_write:
+        write_section(SECTION, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

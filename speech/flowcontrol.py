@@ -1,0 +1,70 @@
+"""Backpressure for a WebSocket: the application waits while the client is not reading.
+
+ASGI gives an application no way to see that a client has stopped reading (daphne#170): `send`
+returns at once and daphne buffers without limit. The information lives in Twisted. A transport
+whose outgoing buffer passes its `bufferSize` (64 KiB) asks its registered streaming producer to
+`pauseProducing()`, and asks it to `resumeProducing()` once the buffer has drained into the
+kernel. `FlowControl` is that producer for one connection: `SpeechServer` attaches one to every
+WebSocket and passes it to the application in the scope (`scope["speech.flow"]`), and the consumer
+awaits `writable()` before each audio frame. A client that stops reading therefore holds its
+session after about 64 KiB plus the kernel's socket buffers, and delivery resumes when it reads
+again; daphne's ping timeout still ends a client that is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+SCOPE_KEY = "speech.flow"
+RESUME_YIELDS = 4  # loop turns from daphne's read of a frame to the consumer's handling of it
+
+
+@implementer(IPushProducer)
+class FlowControl:
+    held = 0  # connections of this process whose client is not keeping up right now (a metric)
+
+    def __init__(self):
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.pauses = 0  # how often the client fell behind: for tests and metrics
+
+    @classmethod
+    def attach(cls, protocol):
+        """Register a new FlowControl as the producer of `protocol`'s transport. The HTTP channel
+        that upgraded the connection registered itself there and no longer writes to it."""
+        flow = cls()
+        protocol.transport.unregisterProducer()  # a no-op when none is registered (TCP and TLS alike)
+        protocol.transport.registerProducer(flow, True)
+        return flow
+
+    @property
+    def paused(self):
+        return not self._writable.is_set()
+
+    async def writable(self):
+        """Return once the connection's outgoing buffer has room."""
+        if not self._writable.is_set():
+            await self._writable.wait()
+            # The client read again, and frames it sent before reading (a cancel, typically) arrive
+            # with the same wake-up: let the application handle them before more audio goes out.
+            for _ in range(RESUME_YIELDS):
+                await asyncio.sleep(0)
+
+    # IPushProducer, called by the transport on the reactor's (daphne's) event loop
+    def pauseProducing(self):
+        if self._writable.is_set():
+            self.pauses += 1
+            FlowControl.held += 1
+            self._writable.clear()
+
+    def resumeProducing(self):
+        if not self._writable.is_set():
+            FlowControl.held -= 1
+            self._writable.set()
+
+    def stopProducing(self):
+        """The connection is gone: never hold a sender; the disconnect ends the session."""
+        self.resumeProducing()

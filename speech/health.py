@@ -1,0 +1,60 @@
+"""Readiness: can this instance serve a session right now? (`GET /health`; `/healthz` is liveness.)
+
+Each part is checked for real, within CHECK_TIMEOUT_S: the database answers a query, Redis (when
+REDIS_URL is set) answers PING, and the engine is built and says it is ready (an upstream engine
+asks its upstream). The answer names every part, so a 503 says which one failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connection
+
+from .engines import get_engine
+
+CHECK_TIMEOUT_S = 3.0
+
+
+def _database():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+async def _redis():
+    client = aioredis.from_url(settings.REDIS_URL, socket_connect_timeout=CHECK_TIMEOUT_S,
+                               socket_timeout=CHECK_TIMEOUT_S)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()
+
+
+async def _engine():
+    engine = await sync_to_async(get_engine)()  # built at start-up (warm-up); built here otherwise
+    await engine.ready()
+
+
+async def _check(probe):
+    """"ok", or what went wrong (the exception's class and message)."""
+    try:
+        await asyncio.wait_for(probe(), CHECK_TIMEOUT_S)
+    except TimeoutError:
+        return f"no answer within {CHECK_TIMEOUT_S:g} s"
+    except Exception as exc:  # any failure means not ready; its text says why
+        return f"{type(exc).__name__}: {exc}".strip()
+    return "ok"
+
+
+async def readiness():
+    """(ready, {part: "ok" or the failure}) for the database, Redis when configured, the engine."""
+    probes = {"database": sync_to_async(_database), "engine": _engine}
+    if settings.REDIS_URL:
+        probes["redis"] = _redis
+    results = await asyncio.gather(*(_check(probe) for probe in probes.values()))
+    checks = dict(zip(probes, results))
+    return all(result == "ok" for result in results), checks

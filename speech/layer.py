@@ -1,0 +1,151 @@
+"""The channel layer with REDIS_URL: channels-redis's core `RedisChannelLayer`, made to outlive Redis.
+
+Why the core layer and not `RedisPubSubChannelLayer` (figures in bench/RESULTS.md, "Control signals"):
+joining a group is a sorted-set write that any instance can read back, so the REST endpoints can ask
+Redis whether a session that has not reached the registry yet is live; one blocking BZPOPMIN per process
+serves every consumer; and no Redis call happens when a consumer is created. The pub/sub layer
+subscribes a channel per consumer at connect, so a connection fails outright while Redis is away.
+
+What the stock core layer does badly, and this subclass changes:
+
+* `receive` raises when Redis fails, and Channels' consumer `__call__` runs it inside
+  `await_many_dispatch`, so one outage kills every consumer on the instance. Here `receive` never
+  raises a Redis error: it waits until Redis answers again, then receives as before.
+* Redis restarted empty (or failed over to an empty replica) forgets every group. Here each process
+  remembers its own memberships and joins them again as soon as it sees Redis lost its state.
+* Joining a group while Redis is away would fail the handshake. Here the membership is remembered and
+  joined when Redis is back; the session is served meanwhile (its signals just cannot arrive).
+* One warning when Redis goes and one line when it is back, never a traceback per retry.
+
+The heartbeat (`<prefix>:instance:<instance id>`, renewed every BEAT_S) stays beside the layer
+because the layer cannot say whether the instance holding a session is still alive: a crashed
+process leaves its group memberships behind (they only expire after `group_expiry`). The REST
+endpoints read it (speech/control.py). Its previous value also tells when Redis lost its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from channels_redis.core import RedisChannelLayer
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (RedisError, OSError)  # redis-py's TimeoutError and ConnectionError are RedisErrors
+BEAT_S = 2.0
+BEAT_KEEP_S = 7 * 24 * 3600  # a timestamp kept for days: a missing one means "unknown", a stale one "gone"
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
+CONNECT_TIMEOUT_S = 1.0
+
+
+class SpeechChannelLayer(RedisChannelLayer):
+    # BZPOPMIN wakes every second, so a socket timeout of a few seconds tells a connection that went
+    # silent (a failover that sent no reset) from one that is waiting.
+    brpop_timeout = 1
+    socket_timeout_s = 3.0
+
+    def __init__(self, hosts=None, **kwargs):
+        hosts = [{"address": host, "socket_connect_timeout": CONNECT_TIMEOUT_S,
+                  "socket_timeout": self.socket_timeout_s} if isinstance(host, str) else host
+                 for host in hosts or ["redis://localhost:6379"]]
+        super().__init__(hosts=hosts, **kwargs)
+        self.memberships: dict[str, set[str]] = {}  # group -> this process's channels in it
+        self._up = None  # asyncio.Event, set while Redis answers (created on the serving loop)
+        self._beat = None
+        self.down = False  # a warning was logged and no "back" line yet
+
+    def heartbeat_key(self, instance):
+        return f"{self.prefix}:instance:{instance}"
+
+    # -- receiving: never raises a Redis error into the consumer -----------------------------------
+    async def receive(self, channel):
+        self.start()
+        while True:
+            await self._up.wait()
+            try:
+                return await super().receive(channel)
+            except REDIS_ERRORS as exc:
+                self._lost(exc)
+
+    # -- groups: remembered locally, joined when Redis can be reached --------------------------------
+    async def group_add(self, group, channel):
+        self.start()
+        self.memberships.setdefault(group, set()).add(channel)
+        if not self._up.is_set():
+            return  # joined by _rejoin when Redis is back; never hold up a handshake
+        try:
+            await self._join(group, channel)
+        except REDIS_ERRORS as exc:
+            self._lost(exc)
+
+    async def _join(self, group, channel):
+        """The stock group_add (ZADD, then EXPIRE) in one round trip instead of two: a handshake waits for it."""
+        key = self._group_key(group)
+        async with self.connection(self.consistent_hash(group)).pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {channel: time.time()})
+            pipe.expire(key, self.group_expiry)
+            await pipe.execute()
+
+    async def group_discard(self, group, channel):
+        members = self.memberships.get(group)
+        if members is not None:
+            members.discard(channel)
+            if not members:
+                del self.memberships[group]
+        try:
+            await super().group_discard(group, channel)
+        except REDIS_ERRORS as exc:  # not joined again later; the entry expires with group_expiry
+            self._lost(exc)
+
+    async def _rejoin(self):
+        for group, channels in list(self.memberships.items()):
+            for channel in list(channels):
+                await self._join(group, channel)
+
+    # -- liveness: one task per process ------------------------------------------------------------
+    def start(self):
+        """Begin the heartbeat on this loop (the first consumer calls it; idempotent)."""
+        if self._beat is None or self._beat.done():
+            self._up = self._up or asyncio.Event()
+            if not self.down:
+                self._up.set()
+            self._beat = asyncio.get_running_loop().create_task(self._heartbeat(), name="speech-layer-heartbeat")
+
+    async def stop(self):
+        """Stop the heartbeat (server shutdown: no task may be left pending)."""
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+            self._beat = None
+
+    def _lost(self, exc):
+        if self._up is not None:
+            self._up.clear()
+        if not self.down:
+            self.down = True
+            logger.warning("channel layer: Redis unavailable (%s); sessions go on, control signals wait", exc)
+
+    async def _heartbeat(self):
+        from .registry import instance_id
+
+        key = self.heartbeat_key(instance_id())
+        backoff = BACKOFF_MIN_S
+        while True:
+            delay = BEAT_S
+            try:
+                previous = await self.connection(0).set(key, repr(time.time()), ex=BEAT_KEEP_S, get=True)
+                if previous is None or not self._up.is_set():
+                    await self._rejoin()  # Redis is new, empty, or was away: our groups may be gone
+                if self.down:
+                    self.down = False
+                    logger.warning("channel layer: Redis is reachable again; %d session group(s) joined",
+                                   len(self.memberships))
+                self._up.set()
+                backoff = BACKOFF_MIN_S
+            except REDIS_ERRORS as exc:
+                self._lost(exc)
+                delay, backoff = backoff, min(backoff * 2, BACKOFF_MAX_S)
+            await asyncio.sleep(delay)

@@ -1,0 +1,134 @@
+"""Prometheus metrics of this process, served at /metrics (prometheus-client's default registry).
+
+Every metric is defined here and fed from a few places only: the consumer at a session's start
+and end, the pipeline (engine time per segment, the first audio frame, every audio frame sent),
+the session's cancel, the `error` event builder (speech/errors.py) and the API's HTTP handler
+(speech/apihandler.py). Each daphne process has its own registry: with several instances,
+Prometheus scrapes every instance (its own address), not the load balancer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import logging
+import time
+import weakref
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+from . import logcontext
+from .flowcontrol import FlowControl
+
+logger = logging.getLogger(__name__)
+
+SESSIONS_ACTIVE = Gauge("speech_sessions_active", "WebSocket speech sessions open in this process")
+SESSIONS_ENDED = Counter("speech_sessions_ended", "WebSocket speech sessions ended, by outcome", ["outcome"])
+TTFA = Histogram("speech_time_to_first_audio_seconds",
+                 "A session's first segment: from its text being queued to its first audio frame sent",
+                 buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0))
+SEGMENT_SYNTHESIS = Histogram("speech_segment_synthesis_seconds",
+                              "Time spent waiting for the engine's audio of one segment (queueing included)",
+                              buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0))
+SEGMENT_RTF = Histogram("speech_segment_real_time_factor",
+                        "Engine time over audio duration for one segment (below 1: faster than real time)",
+                        buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0))
+ENGINE_QUEUE = Gauge("speech_engine_queue_depth",
+                     "Synthesis jobs in the engine's pool (speech/engines/pool.py), running or waiting for a thread")
+CANCELS = Counter("speech_cancels", "Barge-ins (input.cancelled), by origin: client or server", ["origin"])
+ERRORS = Counter("speech_errors", "error events sent to WebSocket clients, by error_type and code",
+                 ["type", "code"])
+AUDIO_BYTES = Counter("speech_audio_sent_bytes", "Audio bytes sent to WebSocket clients")
+AUDIO_SECONDS = Counter("speech_audio_sent_seconds", "Seconds of audio sent to WebSocket clients")
+REST_REQUESTS = Counter("speech_rest_requests", "HTTP API requests, by endpoint (route name), method and status",
+                        ["endpoint", "method", "status"])
+
+_live = weakref.WeakSet()  # sessions started and not yet ended (a session dropped without an end leaves too)
+SESSIONS_ACTIVE.set_function(lambda: len(_live))
+
+
+def _pool_jobs():
+    """Read at scrape time from the engine's pool, if the process has built an engine that has one."""
+    from . import engines
+
+    pool = getattr(engines._engine, "_pool", None)
+    return getattr(pool, "depth", 0) + getattr(pool, "running", 0)
+
+
+ENGINE_QUEUE.set_function(_pool_jobs)
+HELD = Gauge("speech_sessions_held",
+             "WebSocket connections whose client is not reading fast enough right now: their audio waits "
+             "(backpressure, speech/flowcontrol.py)")
+HELD.set_function(lambda: FlowControl.held)
+
+
+# -- sessions (speech/consumers.py) ------------------------------------------------------------
+def session_started(session):
+    """The socket is accepted: the session counts as active, and every log record from here on (in
+    this task and the tasks it creates) carries its id."""
+    logcontext.bind(session.session_id)
+    _live.add(session)
+    logger.info("session started")
+
+
+def session_ended(session):
+    """Once per session, after its work has stopped: its outcome and one summary log line."""
+    if session not in _live:
+        return
+    _live.discard(session)
+    outcome = session.outcome or "cancelled"
+    SESSIONS_ENDED.labels(outcome).inc()
+    pipeline = session.pipeline
+    logger.info("session ended: %s, %d segments, %d audio bytes, first audio %s", outcome,
+                pipeline.sentences if pipeline else 0, pipeline.bytes_sent if pipeline else 0,
+                f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none")
+
+
+# -- audio (speech/pipeline.py) ----------------------------------------------------------------
+async def timed(chunks, sample_rate):
+    """The engine's chunks, passed through; a stream that ends normally observes its engine time
+    and real-time factor. Closing this closes the engine's stream (its work is aborted)."""
+    busy, samples = 0.0, 0
+    async with contextlib.aclosing(chunks):
+        iterator = aiter(chunks)
+        while True:
+            started = time.perf_counter()
+            try:
+                chunk = await anext(iterator)
+            except StopAsyncIteration:
+                break
+            busy += time.perf_counter() - started
+            samples += chunk.size
+            yield chunk
+    if samples:
+        SEGMENT_SYNTHESIS.observe(busy)
+        SEGMENT_RTF.observe(busy / (samples / sample_rate))
+
+
+def audio_sent(nbytes, seconds):
+    AUDIO_BYTES.inc(nbytes)
+    AUDIO_SECONDS.inc(seconds)
+
+
+# -- /metrics ----------------------------------------------------------------------------------
+def allowed(request, token):
+    """With a token: `Authorization: Bearer <token>` from anyone. Without: loopback clients only."""
+    if token:
+        presented = request.META.get("HTTP_AUTHORIZATION", "")
+        return hmac.compare_digest(presented.encode(), f"Bearer {token}".encode())
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "").is_loopback
+    except ValueError:
+        return False
+
+
+def exposition():
+    """(body, content type) of this process's metrics in Prometheus' text format."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def rest_request(request, response):
+    match = getattr(request, "resolver_match", None)
+    endpoint = match.url_name if match is not None and match.url_name else "unmatched"
+    REST_REQUESTS.labels(endpoint, request.method, str(response.status_code)).inc()

@@ -1,0 +1,226 @@
+// The playground page: settings, credentials, Speak/Stop/Download, and the live views.
+// `window.playground` exposes what the page measures (samples played, buffered, received), for
+// people curious in the console and for the browser tests.
+
+import { Player } from "./player.js";
+import { describeResponse } from "./messages.js";
+import { Utterance, wsUrl } from "./utterance.js";
+
+const settings = JSON.parse(document.getElementById("playground-settings").textContent);
+const $ = (id) => document.getElementById(id);
+const MAX_EVENTS = 300;
+
+let apiKey = null; // typed by the user when keys are required: in memory only, never stored
+let utterance = null;
+let lastStop = null;
+const player = new Player(onStats);
+
+function status(text) { $("status").textContent = text; }
+
+function showError(text) {
+  const box = $("error");
+  box.textContent = text;
+  box.hidden = false;
+  logLine("error", text);
+}
+
+function clearError() { $("error").hidden = true; $("error").textContent = ""; }
+
+function logLine(kind, text) {
+  const list = $("events");
+  const item = document.createElement("li");
+  item.className = kind;
+  item.textContent = text;
+  list.append(item);
+  while (list.children.length > MAX_EVENTS) list.firstElementChild.remove();
+  list.scrollTop = list.scrollHeight;
+}
+
+function describeEvent(source, event) {
+  if (source === "close") return `closed ${event.code}${event.reason ? ` ${event.reason}` : ""}`;
+  const { type, ...fields } = event;
+  const shown = (v) => (typeof v === "string" && v.length > 80 ? `${v.slice(0, 77)}…` : v);
+  const brief = Object.entries(fields).filter(([k]) => k !== "limits" && k !== "session")
+    .map(([k, v]) => `${k}=${JSON.stringify(shown(v))}`).join(" ");
+  return `${source === "client" ? "→" : "←"} ${type} ${brief}`;
+}
+
+const view = {
+  event(source, event) {
+    logLine(event.type === "error" ? "error" : source === "client" ? "client" : "server", describeEvent(source, event));
+  },
+  segment(row) {
+    let tr = document.querySelector(`#segments tr[data-index="${row.index}"]`);
+    if (!tr) {
+      tr = document.createElement("tr");
+      tr.dataset.index = row.index;
+      tr.innerHTML = "<td class=num></td><td></td><td class=num></td><td class=num></td><td></td>";
+      $("segments").tBodies[0].append(tr);
+    }
+    const seconds = player.rate ? (row.samples / player.rate).toFixed(2) : "";
+    const cells = [row.index, row.text, row.ttfa == null ? "" : `${Math.round(row.ttfa)} ms`, `${seconds} s`, row.end];
+    cells.forEach((value, i) => { tr.cells[i].textContent = value; });
+  },
+  error: showError,
+  hasError: () => !$("error").hidden,
+  ended(finished) {
+    if (finished !== utterance) return;
+    $("stop").disabled = player.buffered === 0;
+    $("speak").disabled = false;
+    if (!finished.stoppedByUser) status(`Session ended. ${finished.segments.size} segment(s).`);
+  },
+};
+
+function onStats(message) {
+  $("download").disabled = player.played === 0;
+  if (message.reason === "clear" && lastStop !== null) {
+    status(`Stopped: silent ${Math.round(performance.now() - lastStop)} ms after Stop.`);
+    lastStop = null;
+  }
+  if (player.buffered === 0 && (!utterance || utterance.closed)) $("stop").disabled = true;
+}
+
+// -- credentials ---------------------------------------------------------------------------------
+async function postToken(url, headers) {
+  let response;
+  try {
+    response = await fetch(url, { method: "POST", headers, credentials: "same-origin" });
+  } catch (_) {
+    throw new Error("The server could not be reached to get a token.");
+  }
+  if (!response.ok) throw new Error(await describeResponse(response, "get a token"));
+  return (await response.json()).token;
+}
+
+function csrfToken() {
+  const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+  return match ? decodeURIComponent(match[1]) : "";
+}
+
+// A single-use token for the WebSocket, or null when the server wants none.
+async function token() {
+  if (!settings.requireKey) return null;
+  if (apiKey) return postToken("/v1/audio/speech/tokens", { Authorization: `Bearer ${apiKey}` });
+  if (settings.staff) return postToken(settings.staffTokenUrl, { "X-CSRFToken": csrfToken() });
+  askForKey();
+  throw new Error("This server needs an API key: enter one above.");
+}
+
+function askForKey() {
+  $("key-form").hidden = false;
+  $("key").focus();
+}
+
+async function useKey(event) {
+  event.preventDefault();
+  const typed = $("key").value.trim();
+  $("key").value = ""; // not left in the page either
+  if (!typed) return;
+  clearError();
+  if (await loadVoices(typed)) {
+    apiKey = typed;
+    $("key-form").hidden = true;
+    status("Key accepted (kept in this page only).");
+  }
+}
+
+// -- voices ----------------------------------------------------------------------------------------
+function fillVoices(voices) {
+  const select = $("voice");
+  select.replaceChildren(...voices.map((v) => {
+    const option = new Option(v.type === "uploaded" ? `${v.name} (uploaded)` : v.name, v.name);
+    option.selected = v.name === settings.defaultVoice;
+    return option;
+  }));
+  $("speak").disabled = false;
+  status("Ready.");
+}
+
+async function loadVoices(key) {
+  let response;
+  try {
+    response = await fetch("/v1/audio/voices", { headers: key ? { Authorization: `Bearer ${key}` } : {} });
+  } catch (_) {
+    showError("The server could not be reached to list its voices.");
+    return false;
+  }
+  if (!response.ok) {
+    showError(await describeResponse(response, "list the voices"));
+    return false;
+  }
+  fillVoices((await response.json()).data.map((v) => ({ name: v.name, type: v.type })));
+  return true;
+}
+
+// -- Speak, Stop, Download ------------------------------------------------------------------------
+function config() {
+  const session = { response_format: $("format").value, stream_audio: true, split_granularity: $("split").value,
+                    voice: $("voice").value, speed: Number($("speed").value) };
+  if ($("rate").value) session.sample_rate = Number($("rate").value);
+  return session;
+}
+
+async function speak() {
+  const session = config();
+  const expectedRate = session.sample_rate || (session.response_format === "pcm" ? settings.nativeRate : 8000);
+  if (utterance) utterance.stop();
+  clearError();
+  $("segments").tBodies[0].replaceChildren();
+  // In the click itself: browsers let a page start audio only in answer to a gesture.
+  const ready = player.prepare(expectedRate);
+  $("speak").disabled = true;
+  $("download").disabled = true;
+  status("Connecting…");
+  let credential;
+  try {
+    credential = await token();
+    await ready;
+  } catch (error) {
+    showError(error.message);
+    $("speak").disabled = false;
+    status("Ready.");
+    return;
+  }
+  const pace = $("mode").value === "words" ? Math.max(10, Number($("pace").value) || 120) : 0;
+  utterance = new Utterance({ url: wsUrl(credential), config: session, text: $("text").value, pace, player, view });
+  $("stop").disabled = false;
+  status("Speaking…");
+}
+
+function stop() {
+  lastStop = performance.now();
+  if (utterance) utterance.stop();
+  else player.clear();
+}
+
+function download() {
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(player.heardWav());
+  link.download = "heard.wav";
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+}
+
+window.playground = {
+  get played() { return player.played; },
+  get buffered() { return player.buffered; },
+  get received() { return player.received; },
+  get rate() { return player.rate; },
+  get utterance() {
+    const u = utterance;
+    return u && { closed: u.closed, bytesReceived: u.bytesReceived, bytesAnnounced: u.bytesAnnounced,
+                  wordsSent: u.wordsSent, wordsTotal: u.wordsTotal, wordsAtFirstAudio: u.wordsAtFirstAudio,
+                  cancelledSentences: u.cancelledSentences,
+                  segments: [...u.segments.values()].map((s) => ({ ...s })) };
+  },
+  heardWav: () => player.heardWav(),
+};
+
+$("speak").addEventListener("click", speak);
+$("stop").addEventListener("click", stop);
+$("download").addEventListener("click", download);
+$("key-form").addEventListener("submit", useKey);
+
+if (settings.voices) fillVoices(settings.voices);
+else if (settings.requireKey && !settings.staff) { askForKey(); status("Waiting for an API key."); }
+else loadVoices(null);

@@ -1,0 +1,104 @@
+// Web Audio output: an AudioContext at the stream's own rate (no resampling in the page) and the
+// pcm-player worklet. Keeps what was received so "what was heard" can be saved as a WAV file.
+
+import { decodeAlaw, decodeMulaw } from "./g711.js";
+
+export class Player {
+  constructor(onStats) {
+    this.onStats = onStats;
+    this.context = null;
+    this.node = null;
+    this.ready = null;
+    this.generation = 0;
+    this.chunks = []; // Int16Array per frame of the current utterance
+    this.received = 0; // samples
+    this.played = 0;
+    this.buffered = 0;
+  }
+
+  // Called inside the click handler: creating and resuming the context there satisfies autoplay rules.
+  prepare(rate) {
+    if (!this.context || this.context.sampleRate !== rate) {
+      if (this.context) this.context.close();
+      const context = new AudioContext({ sampleRate: rate, latencyHint: "interactive" });
+      this.context = context;
+      this.node = null;
+      this.ready = context.audioWorklet.addModule(new URL("./worklet.js", import.meta.url)).then(() => {
+        const node = new AudioWorkletNode(context, "pcm-player", { outputChannelCount: [1] });
+        node.port.onmessage = (event) => this.stats(event.data);
+        node.connect(context.destination);
+        this.node = node;
+      });
+    }
+    this.context.resume();
+    this.generation += 1;
+    this.chunks = [];
+    this.received = 0;
+    this.played = 0;
+    this.buffered = 0;
+    const generation = this.generation;
+    return this.ready.then(() => this.node.port.postMessage({ type: "reset", generation }));
+  }
+
+  get rate() {
+    return this.context ? this.context.sampleRate : 0;
+  }
+
+  // One binary frame of `format` ("pcm", "mulaw", "alaw").
+  push(format, bytes) {
+    const pcm = format === "pcm" ? new Int16Array(bytes.slice(0, bytes.byteLength & ~1))
+      : format === "mulaw" ? decodeMulaw(new Uint8Array(bytes)) : decodeAlaw(new Uint8Array(bytes));
+    this.chunks.push(pcm);
+    this.received += pcm.length;
+    this.buffered += pcm.length;
+    const samples = Float32Array.from(pcm, (v) => v / 32768);
+    this.node.port.postMessage({ type: "samples", generation: this.generation, samples }, [samples.buffer]);
+    return pcm.length;
+  }
+
+  // Silence at once: the worklet drops its queue; what was played stays counted.
+  clear() {
+    if (this.node) this.node.port.postMessage({ type: "clear" });
+  }
+
+  stats(message) {
+    if (message.generation !== this.generation) return;
+    this.played = message.played;
+    this.buffered = message.buffered;
+    this.onStats(message);
+  }
+
+  // The samples played so far, in order, as a 16-bit mono WAV file.
+  heardWav() {
+    const heard = new Int16Array(this.played);
+    let at = 0;
+    for (const chunk of this.chunks) {
+      if (at >= heard.length) break;
+      const part = chunk.subarray(0, heard.length - at);
+      heard.set(part, at);
+      at += part.length;
+    }
+    return wavFile(heard, this.rate);
+  }
+}
+
+export function wavFile(samples, rate) {
+  const header = new DataView(new ArrayBuffer(44));
+  const text = (offset, s) => [...s].forEach((c, i) => header.setUint8(offset + i, c.charCodeAt(0)));
+  const bytes = samples.length * 2;
+  text(0, "RIFF");
+  header.setUint32(4, 36 + bytes, true);
+  text(8, "WAVE");
+  text(12, "fmt ");
+  header.setUint32(16, 16, true);
+  header.setUint16(20, 1, true); // PCM
+  header.setUint16(22, 1, true); // mono
+  header.setUint32(24, rate, true);
+  header.setUint32(28, rate * 2, true);
+  header.setUint16(32, 2, true);
+  header.setUint16(34, 16, true);
+  text(36, "data");
+  header.setUint32(40, bytes, true);
+  const body = new Int16Array(samples); // little-endian on every platform browsers run on
+  return new Blob([header.buffer, body.buffer], { type: "audio/wav" });
+}

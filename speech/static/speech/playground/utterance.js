@@ -1,0 +1,166 @@
+// One Speak: a WebSocket session that sends text (at once, or word by word like a language
+// model), plays the audio it gets and measures each segment's time to first audio.
+
+import { CANNOT_CONNECT, describeClose, describeError } from "./messages.js";
+
+export const WS_PATH = "/v1/audio/speech/stream";
+
+export function wsUrl(token) {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  return `${scheme}://${location.host}${WS_PATH}${token ? `?token=${encodeURIComponent(token)}` : ""}`;
+}
+
+// Tokens as a language model emits them: each word with the whitespace after it.
+export const words = (text) => text.match(/\s*\S+\s*/g) || [];
+
+export class Utterance {
+  constructor({ url, config, text, pace, player, view }) {
+    this.config = config;
+    this.tokens = pace ? words(text) : [text];
+    this.pace = pace;
+    this.player = player;
+    this.view = view; // {event(kind, data), segment(row), error(text), ended(utterance)}
+    this.sent = ""; // text sent so far, to find where each segment ends
+    this.sends = []; // {end, at}: the text length after each input.text, and when it went
+    this.doneAt = null;
+    this.cursor = 0;
+    this.segments = new Map();
+    this.current = null;
+    this.stopping = false;
+    this.closed = false;
+    this.wordsSent = 0;
+    this.wordsAtFirstAudio = null;
+    this.cancelledSentences = null;
+    this.bytesReceived = 0;
+    this.bytesAnnounced = 0;
+    this.format = config.response_format;
+    this.chain = Promise.resolve(); // events are handled one after another, in order
+    this.ws = new WebSocket(url);
+    this.ws.binaryType = "arraybuffer";
+    this.ws.onopen = () => { this.connected = true; this.send({ type: "session.config", session: config }); };
+    this.ws.onmessage = (message) => { this.chain = this.chain.then(() => this.receive(message.data)); };
+    this.ws.onerror = () => { this.failedToConnect = !this.connected; };
+    this.ws.onclose = (event) => { this.chain = this.chain.then(() => this.onClose(event)); };
+  }
+
+  get wordsTotal() { return this.tokens.length; }
+
+  send(message) {
+    if (this.ws.readyState !== WebSocket.OPEN) return;
+    // Word by word, one line per word would bury the server's events: only whole texts are listed.
+    if (message.type !== "input.text" || !this.pace) this.view.event("client", message);
+    this.ws.send(JSON.stringify(message));
+  }
+
+  sendText(text) {
+    this.send({ type: "input.text", text });
+    this.sent += text;
+    this.sends.push({ end: this.sent.length, at: performance.now() });
+    this.wordsSent += 1;
+  }
+
+  async feed() {
+    for (const token of this.tokens) {
+      if (this.stopping || this.closed) return;
+      this.sendText(token);
+      if (this.pace) await new Promise((resolve) => { this.timer = setTimeout(resolve, this.pace); });
+    }
+    if (!this.stopping && !this.closed) {
+      this.doneAt = performance.now();
+      this.send({ type: "input.done" });
+    }
+  }
+
+  async receive(data) {
+    if (typeof data !== "string") return this.audio(data);
+    const event = JSON.parse(data);
+    this.view.event("server", event);
+    switch (event.type) {
+      case "session.configured":
+        this.opened = true;
+        this.sessionId = event.session_id;
+        await this.player.ready; // the context was made in the click; its worklet may still be loading
+        if (this.player.rate !== event.sample_rate) await this.player.prepare(event.sample_rate);
+        this.feed();
+        break;
+      case "audio.start":
+        this.current = { index: event.sentence_index, text: event.sentence_text, completedAt: this.completion(event),
+                         ttfa: null, samples: 0, end: "" };
+        this.segments.set(event.sentence_index, this.current);
+        this.view.segment(this.current);
+        break;
+      case "audio.done": {
+        this.bytesAnnounced += event.total_bytes;
+        const row = this.segments.get(event.sentence_index) || { index: event.sentence_index, text: "", samples: 0 };
+        row.end = event.cancelled ? "cancelled" : event.error ? "failed" : "done";
+        this.segments.set(row.index, row);
+        this.view.segment(row);
+        this.current = null;
+        break;
+      }
+      case "input.cancelled":
+        // Stop's cancel is through: end the session cleanly (the next Speak opens a new one).
+        this.cancelledSentences = event.cancelled_sentences;
+        this.stopping = false;
+        this.dropping = false;
+        this.send({ type: "input.done" });
+        break;
+      case "error":
+        this.view.error(describeError(event));
+        break;
+      default:
+        break;
+    }
+  }
+
+  // When the frame that completed this segment was sent: the first send after its last
+  // character (a following space is what ends a sentence), or input.done.
+  completion(event) {
+    const start = this.sent.indexOf(event.sentence_text, this.cursor);
+    if (start < 0) return this.sends.length ? this.sends[this.sends.length - 1].at : performance.now();
+    const end = start + event.sentence_text.length;
+    this.cursor = end;
+    const after = this.sends.find((s) => s.end > end);
+    return after ? after.at : (this.doneAt ?? this.sends[this.sends.length - 1].at);
+  }
+
+  audio(bytes) {
+    this.bytesReceived += bytes.byteLength;
+    if (this.dropping) return; // Stop was pressed: what is still in flight is never played
+    const samples = this.player.push(this.format, bytes);
+    if (this.wordsAtFirstAudio === null) this.wordsAtFirstAudio = this.wordsSent;
+    const row = this.current;
+    if (row) {
+      if (row.ttfa === null) row.ttfa = performance.now() - row.completedAt;
+      row.samples += samples;
+      this.view.segment(row);
+    }
+  }
+
+  // Barge-in: silence now, then tell the server (its cancel answer ends the session).
+  stop() {
+    this.stoppedByUser = true;
+    clearTimeout(this.timer);
+    this.player.clear();
+    if (this.closed) return;
+    this.dropping = true;
+    if (this.opened) {
+      this.stopping = true;
+      this.send({ type: "input.cancel" });
+    } else {
+      this.ws.close();
+    }
+  }
+
+  onClose(event) {
+    this.closed = true;
+    clearTimeout(this.timer);
+    if (this.failedToConnect) this.view.error(CANNOT_CONNECT);
+    else {
+      const words = describeClose(event.code, event.reason);
+      if (words && !this.view.hasError()) this.view.error(words);
+    }
+    this.view.event("close", { code: event.code, reason: event.reason });
+    this.view.ended(this);
+  }
+}
