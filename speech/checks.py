@@ -4,6 +4,7 @@ from urllib.parse import urlsplit
 
 from django.core import checks
 
+from .web.budget import FRAME_COST_FACTOR
 from .conf import conf
 from .engines import ENGINES
 from .stream.protocol import SAMPLE_RATES
@@ -24,6 +25,11 @@ def check_speech_settings(app_configs, **kwargs):
                  "MAX_PENDING_CHARS", "MAX_SEGMENT_CHARS"):
         if getattr(conf, name) <= 0:
             errors.append(checks.Error(f"SPEECH_{name} must be positive.", id="speech.E004"))
+    if conf.CONFIG_BUDGET_BYTES < FRAME_COST_FACTOR * conf.MAX_CONFIG_BYTES:
+        errors.append(checks.Error(
+            f"SPEECH_CONFIG_BUDGET_BYTES must be at least {FRAME_COST_FACTOR} x SPEECH_MAX_CONFIG_BYTES "
+            f"({FRAME_COST_FACTOR * conf.MAX_CONFIG_BYTES}): a largest session.config costs that much in flight.",
+            id="speech.E008"))
     if conf.MAX_MESSAGE_BYTES > conf.MAX_CONFIG_BYTES:
         errors.append(checks.Warning("SPEECH_MAX_MESSAGE_BYTES is larger than SPEECH_MAX_CONFIG_BYTES; "
                                      "daphne's frame limit follows the larger one.", id="speech.W001"))

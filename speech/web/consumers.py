@@ -12,7 +12,7 @@ from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import auth
+from . import auth, budget
 from ..control import signals as control, registry
 from .. import metrics, voices
 from ..conf import conf, stream_limits
@@ -64,7 +64,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self._open = True
         self.session = SpeechSession(self, self.engine or get_engine(), stream_limits(),
                                      find_voice=database_sync_to_async(voices.find_voice),
-                                     on_configured=self._register)
+                                     on_configured=self._register, parse_large=budget.parse_large_config)
         metrics.session_started(self.session)
         if self.session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
             await self.session.refuse(at_capacity())  # before a slot is taken: nothing to give back
