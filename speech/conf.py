@@ -12,8 +12,9 @@ imported only when the checks run.
 """
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
