@@ -97,6 +97,9 @@ SETTINGS = (
             rule=positive()),
     Setting("SPEECH_MAX_CONFIG_BYTES", "int", 16 * 1024 * 1024, "`session.config` frame (UTF-8 bytes)",
             rule=positive()),
+    Setting("SPEECH_CONFIG_BUDGET_BYTES", "int", 64 * 1024 * 1024,
+            "memory for frames of 1 MiB or more in flight, per process (3 × each frame); past it such frames are "
+            "refused with 4013. At least 3 × `SPEECH_MAX_CONFIG_BYTES` (`manage.py check`)"),
     Setting("SPEECH_MAX_MESSAGE_BYTES", "int", 131072, "any later frame", rule=positive()),
     Setting("SPEECH_MAX_PENDING_CHARS", "int", 262144, "unsegmented + queued text", rule=positive()),
     Setting("SPEECH_MAX_SEGMENT_CHARS", "int", 4096, "one segment", rule=positive()),

@@ -7,6 +7,7 @@ failure wins.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,20 @@ FIELD_TYPES = {
     "max_new_tokens": INTEGER,
     "seed": INTEGER,
 }
+# Ranges of the forwarded sampling options: what every engine can use. Hibari seeds numpy's
+# generator (negative seeds raise); sglang-omni and vLLM-omni refuse temperature < 0, top_p outside
+# (0, 1], top_k other than -1 or >= 1, repetition_penalty outside (0, 2] (sglang) and max_tokens < 1;
+# torch seeds are at most 64 bits and sglang keeps top_k and token counts in int32. The temperature
+# cap is OpenAI's documented 0..2 (it also refuses 1e400, which JSON parses to infinity).
+INT32_MAX, UINT64_MAX = 2**31 - 1, 2**64 - 1
+OPTION_RANGES = (
+    ("temperature", lambda v: 0 <= v <= 2, "temperature must be between 0 and 2"),
+    ("top_p", lambda v: 0 < v <= 1, "top_p must be greater than 0 and at most 1"),
+    ("top_k", lambda v: v == -1 or 1 <= v <= INT32_MAX, f"top_k must be -1 or between 1 and {INT32_MAX}"),
+    ("repetition_penalty", lambda v: 0 < v <= 2, "repetition_penalty must be greater than 0 and at most 2"),
+    ("max_new_tokens", lambda v: 1 <= v <= INT32_MAX, f"max_new_tokens must be between 1 and {INT32_MAX}"),
+    ("seed", lambda v: 0 <= v <= UINT64_MAX, f"seed must be between 0 and {UINT64_MAX}"),
+)
 FORWARDED = ("model", "language", "instructions", "ref_audio", "ref_text", "temperature", "top_p", "top_k",
              "repetition_penalty", "max_new_tokens", "seed")
 
@@ -116,6 +131,12 @@ def parse_message(raw, *, handshake=False):
     raise SpeechError(f"speech WebSocket message is not valid JSON: {detail}", close_code=close)
 
 
+async def parse_in_thread(raw):
+    """parse_message for a large handshake, in a thread: the loop stays free. (The server's
+    consumer passes a version that also reserves memory first: speech/web/budget.py.)"""
+    return await asyncio.to_thread(parse_message, raw, handshake=True)
+
+
 def _reject_constant(name):
     raise ValueError(f"{name} is not a JSON number")
 
@@ -189,6 +210,9 @@ def parse_config(payload, capabilities, reference=None, *, voice_checked=False):
         raise fatal(f"ref_audio is not supported by engine '{caps.name}'", "ref_audio")
     if "instructions" in present and not caps.instructions:
         raise fatal(f"instructions is not supported by engine '{caps.name}'", "instructions")
+    for key, allowed, message in OPTION_RANGES:
+        if key in present and not allowed(present[key]):
+            raise fatal(message, key)
 
     return SessionConfig(
         voice=voice,

@@ -28,12 +28,19 @@ from .errors import (
     fatal,
 )
 from .pipeline import Pipeline
-from .protocol import configured_event, parse_message, resolve_config, size_error, utf8_length_exceeds
+from .protocol import (
+    configured_event,
+    parse_in_thread,
+    parse_message,
+    resolve_config,
+    size_error,
+    utf8_length_exceeds,
+)
 from .segmenter import Segmenter
 
 logger = logging.getLogger(__name__)
 
-CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # parse larger handshakes in a thread: the loop stays free
+CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
 
 
 class Transport(Protocol):
@@ -62,13 +69,14 @@ def new_session_id():
 
 class SpeechSession:
     def __init__(self, transport, engine, limits, *, session_id=None, find_voice=None,
-                 on_configured=None):
+                 on_configured=None, parse_large=parse_in_thread):
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.session_id = session_id or new_session_id()
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
         self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
+        self.parse_large = parse_large  # async raw -> payload, for a handshake over CONFIG_PARSE_OFFLOAD_BYTES
         self.outcome = None  # how it ended: completed, cancelled (client left), terminated, failed
         self.state = State.AWAITING_CONFIG
         self.config = None
@@ -165,7 +173,7 @@ class SpeechSession:
         if utf8_length_exceeds(raw, limit):
             raise size_error("session", limit, handshake=True)
         if len(raw) > CONFIG_PARSE_OFFLOAD_BYTES:
-            payload = await asyncio.to_thread(parse_message, raw, handshake=True)
+            payload = await self.parse_large(raw)
         else:
             payload = parse_message(raw, handshake=True)
         if payload.get("type") != "session.config":

@@ -17,6 +17,7 @@ from .. import voices
 from ..conf import stream_limits
 from ..engines import get_engine
 from ..stream.session import SpeechSession
+from . import budget
 from .admission import Admission
 from .flowcontrol import SCOPE_KEY
 
@@ -55,7 +56,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.admission = Admission(self.channel_layer, self.channel_name)
         self.session = SpeechSession(self, self.engine or get_engine(), stream_limits(),
                                      find_voice=database_sync_to_async(voices.find_voice),
-                                     on_configured=self.admission.register)
+                                     on_configured=self.admission.register, parse_large=budget.parse_large_config)
         refusal = await self.admission.admit(self.scope, self.session)
         if refusal is not None:
             await self.session.refuse(refusal)
