@@ -102,24 +102,14 @@ class SpeechSession:
 
     async def terminate(self, message):
         """The server ends the session: an error event, close 4001, all work aborted."""
+        error = None
         if self.state is not State.CLOSED:
-            self.outcome = self.outcome or OUTCOME_TERMINATED
-            await self._report(SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED))
-        await self.aclose()
+            error = SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED)
+        await self._end(OUTCOME_TERMINATED, error)
 
     async def aclose(self):
         """The client disconnected (or the server is done): abort all work, send nothing more."""
-        self.outcome = self.outcome or OUTCOME_DISCONNECTED
-        self.state = State.CLOSED
-        self.closed.set()
-        self._disarm()
-        current = asyncio.current_task()
-        tasks = [task for task in self._tasks if task is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self.pipeline is not None:
-            await self.pipeline.aclose()
+        await self._end(OUTCOME_DISCONNECTED)
 
     # -- client frames -------------------------------------------------------------------------
     async def receive_text(self, raw):
@@ -275,30 +265,51 @@ class SpeechSession:
             self.pipeline.enqueue(segment)
 
     # -- endings -------------------------------------------------------------------------------
-    async def _finish(self):
-        if self.state is not State.DRAINING:
+    async def _end(self, outcome, error=None, close_code=None):
+        """Every way a session ends comes through here; the first outcome set stands (a session that
+        failed and then disconnects stays failed).
+
+        - `error` (fatal: a timeout, a bad frame, a refusal, a crash, termination): the work stops at
+          once, then the error event and its close code;
+        - `close_code` alone (completed after input.done): session.done after the last audio, then
+          the close; void if something else ended the session first;
+        - disconnected or terminated: nothing more can be sent, so every task of the session is
+          cancelled and the pipeline closed (after the error and close, when terminated)."""
+        if outcome == OUTCOME_COMPLETED and self.state is not State.DRAINING:
             return
-        self.outcome = OUTCOME_COMPLETED
-        await self.transport.send_json(
-            {"type": "session.done", "session_id": self.session_id, "total_sentences": self.pipeline.total_sentences})
-        await self._close(CLOSE_NORMAL)
+        self.outcome = self.outcome or outcome
+        if error is not None:
+            self.state = State.CLOSED
+            self._disarm()
+            if self.pipeline is not None:
+                await self.pipeline.aclose()
+            await self.transport.send_json(error.event())
+            close_code = error.close_code
+        elif close_code is not None:
+            await self.transport.send_json(
+                {"type": "session.done", "session_id": self.session_id, "total_sentences": self.pipeline.total_sentences})
+        if close_code is not None:
+            self.state = State.CLOSED
+            self.closed.set()
+            await self.transport.close(close_code)
+        if outcome in (OUTCOME_DISCONNECTED, OUTCOME_TERMINATED):
+            self.state = State.CLOSED
+            self.closed.set()
+            self._disarm()
+            current = asyncio.current_task()
+            tasks = [task for task in self._tasks if task is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.pipeline is not None:
+                await self.pipeline.aclose()
 
     async def _report(self, error):
-        if not error.fatal:
+        """An error event; a fatal one ends the session."""
+        if error.fatal:
+            await self._end(OUTCOME_FAILED, error)
+        else:
             await self.transport.send_json(error.event())
-            return
-        self.outcome = self.outcome or OUTCOME_FAILED
-        self.state = State.CLOSED
-        self._disarm()
-        if self.pipeline is not None:
-            await self.pipeline.aclose()
-        await self.transport.send_json(error.event())
-        await self._close(error.close_code)
-
-    async def _close(self, code):
-        self.state = State.CLOSED
-        self.closed.set()
-        await self.transport.close(code)
 
     def _spawn(self, coro):
         task = asyncio.create_task(coro)
@@ -310,7 +321,7 @@ class SpeechSession:
         """Nothing left to synthesise or send: after input.done that ends the session."""
         if self.state is State.DRAINING and not self._finishing:
             self._finishing = True
-            self._spawn(self._finish())
+            self._spawn(self._end(OUTCOME_COMPLETED, close_code=CLOSE_NORMAL))
         else:
             self._arm_idle()
 
