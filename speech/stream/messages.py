@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from ..audio.codecs import FORMATS, RAW_FORMATS, output_rate
-from .errors import CLOSE_POLICY, SpeechError, fatal
+from .errors import BAD_REQUEST, CLOSE_POLICY, SpeechError, fatal
 
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 TELEPHONY_FORMATS, TELEPHONY_RATE = ("mulaw", "alaw"), 8000  # G.711 defaults to the telephone rate
@@ -383,3 +383,21 @@ class ErrorEvent(Event):
 
 
 SERVER_EVENTS = (SessionConfigured, InputCommitted, InputCancelled, SessionDone, AudioStart, AudioDone, ErrorEvent)
+
+
+# -- REST errors ------------------------------------------------------------------------------------------
+
+class RestErrorDetail(Event):
+    message: str
+    type: str
+    param: str | None  # null when no one field is at fault
+    code: int  # the HTTP status
+
+
+class RestError(Event):
+    """The REST endpoints' error envelope (OpenAI's): `{"error": {message, type, param, code}}`."""
+    error: RestErrorDetail
+
+    @classmethod
+    def of(cls, status, message, *, type=BAD_REQUEST, param=None):
+        return cls(error=RestErrorDetail(message=message, type=type, param=param, code=status))
