@@ -27,9 +27,9 @@ from .errors import (
     SpeechError,
     fatal,
 )
+from .messages import InputCancelled, InputCommitted, InputText, SessionConfigured, SessionDone
 from .pipeline import Pipeline
 from .protocol import (
-    configured_event,
     parse_in_thread,
     parse_message,
     resolve_config,
@@ -193,7 +193,7 @@ class SpeechSession:
         if self.on_configured is not None:
             await self.on_configured(self)
         await self.transport.send_json(
-            configured_event(self.session_id, self.config, self.engine.capabilities, self.limits))
+            SessionConfigured.of(self.session_id, self.config, self.engine.capabilities, self.limits).dump())
 
     async def _handle(self, raw):
         if utf8_length_exceeds(raw, self.limits.max_message_bytes):
@@ -208,10 +208,7 @@ class SpeechSession:
 
     # -- message handlers ----------------------------------------------------------------------
     async def _on_text(self, payload):
-        text = payload.get("text")
-        if not isinstance(text, str):
-            raise SpeechError("input.text text must be a string", param="text")
-        text = self._join_surrogates(text)
+        text = self._join_surrogates(InputText.read(payload, close_code=None).text)
         limit = self.limits.max_pending_chars
         if self.segmenter.pending_chars + self.pipeline.queued_chars + len(text) > limit:
             raise fatal(f"buffered speech text exceeds {limit} characters", "text")
@@ -233,10 +230,9 @@ class SpeechSession:
     async def _on_commit(self, payload):
         segments = self.segmenter.flush()
         self._enqueue(segments)
-        await self.transport.send_json({
-            "type": "input.committed", "session_id": self.session_id, "segment_index": self._commits,
-            "segment_sentences": len(segments), "total_sentences": self.pipeline.total_sentences,
-        })
+        await self.transport.send_json(InputCommitted(
+            session_id=self.session_id, segment_index=self._commits, segment_sentences=len(segments),
+            total_sentences=self.pipeline.total_sentences).dump())
         self._commits += 1
 
     async def _on_cancel(self, payload, origin="client"):
@@ -246,10 +242,9 @@ class SpeechSession:
 
     async def _send_cancelled(self, cancelled, origin):
         metrics.CANCELS.labels(origin).inc()
-        await self.transport.send_json({
-            "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
-            "total_sentences": self.pipeline.total_sentences, "origin": origin,
-        })
+        await self.transport.send_json(InputCancelled(
+            session_id=self.session_id, cancelled_sentences=cancelled, total_sentences=self.pipeline.total_sentences,
+            origin=origin).dump())
 
     async def _on_keepalive(self, payload):
         """Only resets the idle timer, which every frame does."""
@@ -287,7 +282,7 @@ class SpeechSession:
             close_code = error.close_code
         elif close_code is not None:
             await self.transport.send_json(
-                {"type": "session.done", "session_id": self.session_id, "total_sentences": self.pipeline.total_sentences})
+                SessionDone(session_id=self.session_id, total_sentences=self.pipeline.total_sentences).dump())
         if close_code is not None:
             self.state = State.CLOSED
             self.closed.set()
