@@ -6,10 +6,13 @@ memory after a burst was glibc's malloc, in two ways:
 * the dynamic mmap threshold: a block over 128 KiB is mmapped and unmapped on free, but each such
   free raises the threshold to that block's size (up to 32 MiB), so after one 16 MiB config every
   later block below 16 MiB (audio, frames, JSON strings) comes from the heap, where a freed block
-  is only reusable, not returned. Fixing the threshold (`mallopt(M_MMAP_THRESHOLD)`) stops that.
+  is only reusable, not returned;
 * freed heap pages between live blocks stay mapped until `malloc_trim(0)` gives them back.
 
-So the server fixes the threshold at start and trims after large frames are freed
+Fixing the threshold low (`mallopt(M_MMAP_THRESHOLD)`) would keep large blocks out of the heap, but
+it was measured to make Hibari's synthesis about 1.5x slower (its inference buffers are then
+mapped, zero-filled and unmapped on every call; measured in process: a 6-sentence paragraph
+0.23 s -> 0.36 s). So the server only trims: after large frames are freed
 (speech/web/budget.py) and after WebSocket connections end (speech/web/server.py), at most once a second,
 in a thread (a trim walks the heaps under their locks; it never runs on the event loop).
 On a C library without these calls (musl, macOS) all of this is a no-op.
@@ -26,8 +29,6 @@ import time
 
 logger = logging.getLogger(__name__)
 
-M_MMAP_THRESHOLD = -3  # glibc <malloc.h>
-MMAP_THRESHOLD_BYTES = 128 * 1024  # glibc's initial value, kept fixed
 TRIM_INTERVAL_S = 1.0
 
 _libc = None
@@ -42,21 +43,10 @@ def _glibc():
         name = ctypes.util.find_library("c")
         try:
             libc = ctypes.CDLL(name) if name else None
-            _libc = libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else False
+            _libc = libc if libc is not None and hasattr(libc, "malloc_trim") else False
         except OSError:
             _libc = False
     return _libc or None
-
-
-def configure_allocator():
-    """At start-up, before the worker threads exist: fix glibc's mmap threshold. True if it was."""
-    libc = _glibc()
-    if libc is None:
-        return False
-    if not libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
-        logger.warning("mallopt(M_MMAP_THRESHOLD) was refused; freed large blocks may stay in the heap")
-        return False
-    return True
 
 
 def trim():

@@ -53,10 +53,6 @@ class SpeechServer(Server):
         factory.protocol = BudgetedWebSocketProtocol
         self._ws_factory = factory
 
-    def run(self):
-        memory.configure_allocator()
-        super().run()
-
     def protocol_disconnected(self, protocol):
         super().protocol_disconnected(protocol)
         memory.release_free_memory()
