@@ -53,13 +53,23 @@ class SpeechServer(Server):
         factory.protocol = BudgetedWebSocketProtocol
         self._ws_factory = factory
 
+    sockets = 0  # WebSocket connections open in this process
+
     def protocol_disconnected(self, protocol):
         super().protocol_disconnected(protocol)
-        memory.release_free_memory()
+        if getattr(protocol, "speech_socket", False):
+            protocol.speech_socket = False
+            self.sockets -= 1
+            if self.sockets == 0:
+                # The server went quiet: give freed memory back. Not after every connection: a trim
+                # walks the heaps under their locks and slows the synthesis threads while it runs.
+                memory.release_free_memory()
 
     def create_application(self, protocol, scope):
         """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope."""
         if scope["type"] == "websocket":
+            protocol.speech_socket = True
+            self.sockets += 1
             scope[SCOPE_KEY] = FlowControl.attach(protocol)
             protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
             sock = _socket_of(protocol.transport)
