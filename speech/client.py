@@ -269,7 +269,10 @@ class Session:
         loop = asyncio.get_running_loop()
         feeder = None
         try:
-            await self.ws.send(json.dumps(self.config()))
+            try:
+                await self.ws.send(json.dumps(self.config()))
+            except ConnectionClosed:
+                pass  # refused at once (key, capacity): the reason is among the frames already received
             async for message in self.ws:
                 if isinstance(message, bytes):
                     self.on_audio(message)

@@ -64,7 +64,7 @@ HELD = Gauge("speech_sessions_held",
 HELD.set_function(lambda: FlowControl.held)
 
 
-# -- sessions (speech/web/consumers.py) --------------------------------------------------------
+# -- sessions (speech/web/admission.py) --------------------------------------------------------
 def session_started(session):
     """The socket is accepted: the session counts as active, and every log record from here on (in
     this task and the tasks it creates) carries its id."""

@@ -114,7 +114,7 @@ def test_raw_type_checks(field, value, kind, flat):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("speed", 2), ("temperature", 1), ("top_p", 0), ("repetition_penalty", 1), ("sample_rate", 24000),
+    ("speed", 2), ("temperature", 1), ("top_p", 1), ("repetition_penalty", 1), ("sample_rate", 24000),
     ("top_k", 40), ("max_new_tokens", 100), ("seed", 0), ("stream_audio", False),
 ], ids=lambda v: repr(v))
 def test_well_typed_values_pass(field, value):

@@ -4,14 +4,20 @@ Every value has a default that serves one machine out of the box: the embedded e
 and no Redis (REDIS_URL unset: one instance). Production changes them with environment variables only.
 """
 
-import os
 from pathlib import Path
 
 import environ
 
+from speech.conf import from_environment
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
+
+# Every SPEECH_* setting, from the one table of their defaults, meanings and checks (speech/conf.py).
+speech_settings = from_environment(env)
+globals().update(speech_settings)
+SPEECH_REDIS_PREFIX = speech_settings["SPEECH_REDIS_PREFIX"]  # named here too: the channel layer's prefix below
 
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="django-insecure-development-key-change-me-in-production")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -65,9 +71,8 @@ DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / '
 # and per-key session counts stay in the process. With it, channels-redis's core layer (made to outlive
 # Redis outages by speech/control/layer.py) carries them across instances, and slots live in Redis (speech/control/slots.py).
 REDIS_URL = env.str("REDIS_URL", default="")
-# Prefix of every Redis key and channel this deployment uses (the channel layer's, per-key slots,
-# instance heartbeats): two deployments sharing one Redis never see each other's signals or slots.
-SPEECH_REDIS_PREFIX = env.str("SPEECH_REDIS_PREFIX", default="speech")
+# SPEECH_REDIS_PREFIX prefixes every Redis key and channel this deployment uses (the channel layer's,
+# per-key slots, instance heartbeats): two deployments sharing one Redis never see each other's signals or slots.
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": {"BACKEND": "speech.control.layer.SpeechChannelLayer",
                                   "CONFIG": {"hosts": [REDIS_URL], "prefix": SPEECH_REDIS_PREFIX}}}
@@ -122,34 +127,6 @@ LOGGING = {
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
 
-# --- speech (defaults and meaning in speech/conf.py and the README) -----------------------------
-SPEECH_ENGINE = env.str("SPEECH_ENGINE", default="hibari")
-SPEECH_ENGINE_WORKERS = env.int("SPEECH_ENGINE_WORKERS", default=os.cpu_count() or 1)
-SPEECH_MAX_QUEUE_WAIT_S = env.float("SPEECH_MAX_QUEUE_WAIT_S", default=2.0)
-SPEECH_CONFIG_TIMEOUT_S = env.float("SPEECH_CONFIG_TIMEOUT_S", default=10.0)
-SPEECH_IDLE_TIMEOUT_S = env.float("SPEECH_IDLE_TIMEOUT_S", default=30.0)
-SPEECH_MAX_CONFIG_BYTES = env.int("SPEECH_MAX_CONFIG_BYTES", default=16 * 1024 * 1024)
-SPEECH_MAX_MESSAGE_BYTES = env.int("SPEECH_MAX_MESSAGE_BYTES", default=131072)
-SPEECH_MAX_PENDING_CHARS = env.int("SPEECH_MAX_PENDING_CHARS", default=262144)
-SPEECH_MAX_SEGMENT_CHARS = env.int("SPEECH_MAX_SEGMENT_CHARS", default=4096)
-SPEECH_ALLOWED_ORIGINS = env.list("SPEECH_ALLOWED_ORIGINS", default=[])
-SPEECH_WARM_UP = env.bool("SPEECH_WARM_UP", default=True)
-SPEECH_REQUIRE_API_KEY = env.bool("SPEECH_REQUIRE_API_KEY", default=False)
-SPEECH_MAX_SESSIONS_PER_KEY = env.int("SPEECH_MAX_SESSIONS_PER_KEY", default=8)
-SPEECH_INSTANCE_ID = env.str("SPEECH_INSTANCE_ID", default="")  # registry label; default host:pid
-# SPEECH_ENGINE=openai: an OpenAI-compatible speech server (sglang-omni, vLLM-omni, OpenAI), base URL ending in /v1
-SPEECH_UPSTREAM_URL = env.str("SPEECH_UPSTREAM_URL", default="")
-SPEECH_UPSTREAM_API_KEY = env.str("SPEECH_UPSTREAM_API_KEY", default="")
-SPEECH_UPSTREAM_MODEL = env.str("SPEECH_UPSTREAM_MODEL", default="")
-SPEECH_UPSTREAM_VOICES = env.list("SPEECH_UPSTREAM_VOICES", default=[])  # empty: asked of the upstream at start
-SPEECH_UPSTREAM_SAMPLE_RATE = env.int("SPEECH_UPSTREAM_SAMPLE_RATE", default=24000)
-SPEECH_UPSTREAM_CONNECT_TIMEOUT_S = env.float("SPEECH_UPSTREAM_CONNECT_TIMEOUT_S", default=5.0)
-SPEECH_UPSTREAM_READ_TIMEOUT_S = env.float("SPEECH_UPSTREAM_READ_TIMEOUT_S", default=30.0)
-SPEECH_UPSTREAM_RETRIES = env.int("SPEECH_UPSTREAM_RETRIES", default=2)
-SPEECH_UPSTREAM_MAX_CONNECTIONS = env.int("SPEECH_UPSTREAM_MAX_CONNECTIONS", default=100)
-# /metrics: unset, only clients on this machine (loopback) may read it; set, it wants
-# `Authorization: Bearer <token>` from everyone.
-SPEECH_METRICS_TOKEN = env.str("SPEECH_METRICS_TOKEN", default="")
 
 # Voice uploads are at most 10 MiB (speech/voices.py); larger request bodies are refused with
 # 413 before they are read, and file parts go to a temporary file rather than memory.

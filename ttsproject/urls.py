@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from speech.web import api, playground, views
+from speech.web import api, openapi, playground, views
 
 urlpatterns = [
     path("", playground.page, name="playground"),
@@ -16,6 +16,8 @@ urlpatterns = [
     path("v1/audio/speech/tokens", api.speech_tokens, name="speech-tokens"),
     path("v1/audio/speech/sessions/<str:session_id>/cancel", api.session_cancel, name="session-cancel"),
     path("v1/audio/speech/sessions/<str:session_id>", api.session_terminate, name="session-terminate"),
+    path("v1/openapi.json", openapi.openapi_json, name="openapi"),
+    path("v1/audio/speech/stream/schema.json", openapi.websocket_schema_json, name="websocket-schema"),
 ]
 
 handler404 = "speech.web.api.not_found"

@@ -28,6 +28,7 @@ import httpx
 from ..audio import signal as audio
 from ..stream.errors import BAD_REQUEST, RATE_LIMIT
 from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
+from .text import for_engine
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class OpenAIEngine(Engine):
 
     async def body(self, request: SynthesisRequest):
         options = dict(request.options)
-        body = {"model": options.pop("model", None) or self.model or None, "input": request.text,
+        body = {"model": options.pop("model", None) or self.model or None, "input": for_engine(request.text),
                 "response_format": "pcm", "stream_format": "audio"}
         if request.voice != DEFAULT and request.reference is None:
             body["voice"] = request.voice

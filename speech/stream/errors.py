@@ -38,12 +38,11 @@ class SpeechError(Exception):
         return self.close_code is not None
 
     def event(self, **extra: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"type": "error", "message": self.message, "error_type": self.error_type}
-        if self.param is not None:
-            body["param"] = self.param
-        if self.code is not None:
-            body["code"] = self.code
-        body.update(extra)
+        """The `error` event (messages.ErrorEvent) as sent; `extra`: the segment's id, sentence_index, partial_audio."""
+        from .messages import ErrorEvent  # here: messages.py builds its value rules on this module's errors
+
+        body = ErrorEvent(message=self.message, error_type=self.error_type, param=self.param, code=self.code,
+                          **extra).dump()
         metrics.ERRORS.labels(self.error_type, "" if self.code is None else str(self.code)).inc()  # built to be sent
         return body
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..engines.base import Engine
-    from .protocol import SessionConfig
+    from .messages import SessionConfig
 
 
 async def synthesize(engine: Engine, config: SessionConfig, text: str) -> AsyncGenerator[np.ndarray, None]:

@@ -30,11 +30,12 @@ from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..engines import SynthesisRequest
 from ..engines.pool import CURRENT, Ticket
 from .errors import SpeechError, bad_request, server_error
+from .messages import AudioDone, AudioStart
 from ..audio.transforms import Chain, plan_speed
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
-    from .protocol import SessionConfig
+    from .messages import SessionConfig
     from .session import Transport
 
 logger = logging.getLogger(__name__)
@@ -183,10 +184,9 @@ class Pipeline:
 
     async def _start(self, job: Job) -> None:
         self._announce(job)
-        await self.transport.send_json({
-            "type": "audio.start", "id": self._id(job), "sentence_index": job.index,
-            "sentence_text": job.text, "format": self.config.response_format, "sample_rate": self.rate,
-        })
+        await self.transport.send_json(AudioStart(
+            id=self._id(job), sentence_index=job.index,  # type: ignore[arg-type]  # _announce() set it
+            sentence_text=job.text, format=self.config.response_format, sample_rate=self.rate).dump())
 
     async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
         await self.transport.send_bytes(data)
@@ -233,10 +233,8 @@ class Pipeline:
             partial = job.announced
             if not job.announced:
                 self._announce(job)
-            extra = {"id": self._id(job), "sentence_index": job.index}
-            if partial:
-                extra["partial_audio"] = True
-            await self.transport.send_json(failure.event(**extra))
+            await self.transport.send_json(failure.event(id=self._id(job), sentence_index=job.index,
+                                                         partial_audio=True if partial else None))
         await self._done(job, error=failure is not None, cancelled=False)
 
     async def _stream(self, job: Job, width: int, data: bytes) -> None:
@@ -254,10 +252,9 @@ class Pipeline:
 
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
-        await self.transport.send_json({
-            "type": "audio.done", "id": self._id(job), "sentence_index": job.index,
-            "total_bytes": job.bytes_sent, "error": error, "cancelled": cancelled,
-        })
+        await self.transport.send_json(AudioDone(
+            id=self._id(job), sentence_index=job.index,  # type: ignore[arg-type]  # only announced jobs end
+            total_bytes=job.bytes_sent, error=error, cancelled=cancelled).dump())
 
     async def _stop(self) -> list[Job]:
         """Stop delivery and every producer (engine work included) and forget all segments."""

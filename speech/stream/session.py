@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .. import metrics
 from .errors import (
@@ -28,17 +28,26 @@ from .errors import (
     SpeechError,
     fatal,
 )
+from .messages import InputCancelled, InputCommitted, InputText, SessionConfigured, SessionDone
 from .pipeline import Pipeline
-from .protocol import configured_event, parse_message, resolve_config, size_error, utf8_length_exceeds
+from .protocol import (
+    parse_in_thread,
+    parse_message,
+    resolve_config,
+    size_error,
+    utf8_length_exceeds,
+)
 from .segmenter import Segmenter
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
-    from .protocol import FindVoice, Limits, SessionConfig
+    from .messages import Limits, SessionConfig
+    from .protocol import FindVoice
 
 logger = logging.getLogger(__name__)
 
-CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # parse larger handshakes in a thread: the loop stays free
+Origin = Literal["client", "server"]  # who asked for a cancel: input.cancel, or the control plane
+CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
 
 
 class Transport(Protocol):
@@ -68,19 +77,21 @@ def new_session_id() -> str:
 class SpeechSession:
     def __init__(self, transport: Transport, engine: Engine, limits: Limits, *, session_id: str | None = None,
                  find_voice: FindVoice | None = None,
-                 on_configured: Callable[[SpeechSession], Awaitable[None]] | None = None) -> None:
+                 on_configured: Callable[[SpeechSession], Awaitable[None]] | None = None,
+                 parse_large: Callable[[str], Awaitable[dict[str, Any]]] = parse_in_thread) -> None:
         self.transport = transport
         self.engine = engine
         self.limits = limits
         self.session_id = session_id or new_session_id()
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
         self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
+        self.parse_large = parse_large  # async raw -> payload, for a handshake over CONFIG_PARSE_OFFLOAD_BYTES
         self.outcome: str | None = None  # how it ended: completed, cancelled (client left), terminated, failed
         self.state = State.AWAITING_CONFIG
         # Set by session.config; the handlers that use them run only after it (State.ACTIVE / DRAINING).
         self.config: SessionConfig = None  # type: ignore[assignment]
         self.segmenter: Segmenter = None  # type: ignore[assignment]
-        self.pipeline: Pipeline = None  # type: ignore[assignment]  # None until then, and aclose() checks
+        self.pipeline: Pipeline = None  # type: ignore[assignment]  # None until then, and _end() checks
         self.closed = asyncio.Event()  # set once the session has ended, by either side
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # fatal-error and finishing tasks, awaited on close
@@ -101,24 +112,14 @@ class SpeechSession:
 
     async def terminate(self, message: str) -> None:
         """The server ends the session: an error event, close 4001, all work aborted."""
+        error = None
         if self.state is not State.CLOSED:
-            self.outcome = self.outcome or OUTCOME_TERMINATED
-            await self._report(SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED))
-        await self.aclose()
+            error = SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED)
+        await self._end(OUTCOME_TERMINATED, error)
 
     async def aclose(self) -> None:
         """The client disconnected (or the server is done): abort all work, send nothing more."""
-        self.outcome = self.outcome or OUTCOME_DISCONNECTED
-        self.state = State.CLOSED
-        self.closed.set()
-        self._disarm()
-        current = asyncio.current_task()
-        tasks = [task for task in self._tasks if task is not current]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self.pipeline is not None:
-            await self.pipeline.aclose()
+        await self._end(OUTCOME_DISCONNECTED)
 
     # -- client frames -------------------------------------------------------------------------
     async def receive_text(self, raw: str) -> None:
@@ -182,7 +183,7 @@ class SpeechSession:
         if utf8_length_exceeds(raw, limit):
             raise size_error("session", limit, handshake=True)
         if len(raw) > CONFIG_PARSE_OFFLOAD_BYTES:
-            payload = await asyncio.to_thread(parse_message, raw, handshake=True)
+            payload = await self.parse_large(raw)
         else:
             payload = parse_message(raw, handshake=True)
         if payload.get("type") != "session.config":
@@ -202,7 +203,7 @@ class SpeechSession:
         if self.on_configured is not None:
             await self.on_configured(self)
         await self.transport.send_json(
-            configured_event(self.session_id, self.config, self.engine.capabilities, self.limits))
+            SessionConfigured.of(self.session_id, self.config, self.engine.capabilities, self.limits).dump())
 
     async def _handle(self, raw: str) -> None:
         if utf8_length_exceeds(raw, self.limits.max_message_bytes):
@@ -217,10 +218,7 @@ class SpeechSession:
 
     # -- message handlers ----------------------------------------------------------------------
     async def _on_text(self, payload: dict[str, Any]) -> None:
-        text = payload.get("text")
-        if not isinstance(text, str):
-            raise SpeechError("input.text text must be a string", param="text")
-        text = self._join_surrogates(text)
+        text = self._join_surrogates(InputText.read(payload, close_code=None).text)
         limit = self.limits.max_pending_chars
         if self.segmenter.pending_chars + self.pipeline.queued_chars + len(text) > limit:
             raise fatal(f"buffered speech text exceeds {limit} characters", "text")
@@ -242,23 +240,21 @@ class SpeechSession:
     async def _on_commit(self, payload: dict[str, Any]) -> None:
         segments = self.segmenter.flush()
         self._enqueue(segments)
-        await self.transport.send_json({
-            "type": "input.committed", "session_id": self.session_id, "segment_index": self._commits,
-            "segment_sentences": len(segments), "total_sentences": self.pipeline.total_sentences,
-        })
+        await self.transport.send_json(InputCommitted(
+            session_id=self.session_id, segment_index=self._commits, segment_sentences=len(segments),
+            total_sentences=self.pipeline.total_sentences).dump())
         self._commits += 1
 
-    async def _on_cancel(self, payload: dict[str, Any], origin: str = "client") -> None:
+    async def _on_cancel(self, payload: dict[str, Any], origin: Origin = "client") -> None:
         self.segmenter.clear()
         await self._send_cancelled(await self.pipeline.cancel(), origin)
         self._on_pipeline_idle()
 
-    async def _send_cancelled(self, cancelled: int, origin: str) -> None:
+    async def _send_cancelled(self, cancelled: int, origin: Origin) -> None:
         metrics.CANCELS.labels(origin).inc()
-        await self.transport.send_json({
-            "type": "input.cancelled", "session_id": self.session_id, "cancelled_sentences": cancelled,
-            "total_sentences": self.pipeline.total_sentences, "origin": origin,
-        })
+        await self.transport.send_json(InputCancelled(
+            session_id=self.session_id, cancelled_sentences=cancelled, total_sentences=self.pipeline.total_sentences,
+            origin=origin).dump())
 
     async def _on_keepalive(self, payload: dict[str, Any]) -> None:
         """Only resets the idle timer, which every frame does."""
@@ -274,30 +270,51 @@ class SpeechSession:
             self.pipeline.enqueue(segment)
 
     # -- endings -------------------------------------------------------------------------------
-    async def _finish(self) -> None:
-        if self.state is not State.DRAINING:
+    async def _end(self, outcome: str, error: SpeechError | None = None, close_code: int | None = None) -> None:
+        """Every way a session ends comes through here; the first outcome set stands (a session that
+        failed and then disconnects stays failed).
+
+        - `error` (fatal: a timeout, a bad frame, a refusal, a crash, termination): the work stops at
+          once, then the error event and its close code;
+        - `close_code` alone (completed after input.done): session.done after the last audio, then
+          the close; void if something else ended the session first;
+        - disconnected or terminated: nothing more can be sent, so every task of the session is
+          cancelled and the pipeline closed (after the error and close, when terminated)."""
+        if outcome == OUTCOME_COMPLETED and self.state is not State.DRAINING:
             return
-        self.outcome = OUTCOME_COMPLETED
-        await self.transport.send_json(
-            {"type": "session.done", "session_id": self.session_id, "total_sentences": self.pipeline.total_sentences})
-        await self._close(CLOSE_NORMAL)
+        self.outcome = self.outcome or outcome
+        if error is not None:
+            self.state = State.CLOSED
+            self._disarm()
+            if self.pipeline is not None:
+                await self.pipeline.aclose()
+            await self.transport.send_json(error.event())
+            close_code = error.close_code
+        elif close_code is not None:
+            await self.transport.send_json(
+                SessionDone(session_id=self.session_id, total_sentences=self.pipeline.total_sentences).dump())
+        if close_code is not None:
+            self.state = State.CLOSED
+            self.closed.set()
+            await self.transport.close(close_code)
+        if outcome in (OUTCOME_DISCONNECTED, OUTCOME_TERMINATED):
+            self.state = State.CLOSED
+            self.closed.set()
+            self._disarm()
+            current = asyncio.current_task()
+            tasks = [task for task in self._tasks if task is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.pipeline is not None:
+                await self.pipeline.aclose()
 
     async def _report(self, error: SpeechError) -> None:
-        if not error.fatal:
+        """An error event; a fatal one ends the session."""
+        if error.fatal:
+            await self._end(OUTCOME_FAILED, error)
+        else:
             await self.transport.send_json(error.event())
-            return
-        self.outcome = self.outcome or OUTCOME_FAILED
-        self.state = State.CLOSED
-        self._disarm()
-        if self.pipeline is not None:
-            await self.pipeline.aclose()
-        await self.transport.send_json(error.event())
-        await self._close(error.close_code)  # type: ignore[arg-type]  # fatal: close_code is set
-
-    async def _close(self, code: int) -> None:
-        self.state = State.CLOSED
-        self.closed.set()
-        await self.transport.close(code)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
@@ -309,7 +326,7 @@ class SpeechSession:
         """Nothing left to synthesise or send: after input.done that ends the session."""
         if self.state is State.DRAINING and not self._finishing:
             self._finishing = True
-            self._spawn(self._finish())
+            self._spawn(self._end(OUTCOME_COMPLETED, close_code=CLOSE_NORMAL))
         else:
             self._arm_idle()
 

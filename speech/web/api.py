@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import auth
 from ..control import signals as control, registry
-from ..stream import oneshot, protocol
+from ..stream import messages, oneshot, protocol
 from .. import voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..conf import conf
@@ -35,11 +35,10 @@ MULTIPART_SLACK = 64 * 1024  # room for the form's other fields and boundaries
 
 
 def error(status, message, *, type=BAD_REQUEST, param=None):
-    return JsonResponse({"error": {"message": message, "type": type, "param": param, "code": status}}, status=status)
+    return JsonResponse(messages.RestError.of(status, message, type=type, param=param).dump(), status=status)
 
 
-TOO_LARGE = {"error": {"message": "audio_sample is larger than 10 MiB", "type": BAD_REQUEST, "param": "audio_sample",
-                       "code": 413}}
+TOO_LARGE = messages.RestError.of(413, "audio_sample is larger than 10 MiB", param="audio_sample").dump()
 
 
 def too_large():
@@ -198,22 +197,11 @@ async def speech(request):
         return error(401, auth.AUTH_FAILED, type="authentication_error")
     try:
         body = protocol.parse_message(request.body.decode("utf-8", "replace"))
-        text, stream = body.pop("input", None), body.pop("stream", False)
-        if not isinstance(text, str) or not text.strip():
-            raise SpeechError("input must be a non-empty string", param="input")
-        if len(text) > conf.MAX_SEGMENT_CHARS:
-            raise SpeechError(f"input must be at most {conf.MAX_SEGMENT_CHARS} characters", param="input")
-        if not isinstance(stream, bool):
-            raise SpeechError("stream must be a boolean", param="stream")
-        # OpenAI's stream_format: "audio" is raw audio as it is made (what upstream engines ask for); no SSE
-        stream_format = body.pop("stream_format", None)
-        if stream_format is not None and stream_format != "audio":
-            raise SpeechError("stream_format must be one of: audio", param="stream_format")
         engine = get_engine()
-        config = await protocol.resolve_config(body, engine.capabilities, sync_to_async(voices.find_voice))
-        stream = stream or (stream_format == "audio" and config.response_format in RAW_FORMATS)
-        if stream and config.response_format not in RAW_FORMATS:
-            raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
+        # input, stream and stream_format first, then the WebSocket's session.config rules (messages.SpeechRequest)
+        read = await protocol.resolve_fields(body, engine.capabilities, sync_to_async(voices.find_voice),
+                                             messages.SpeechRequest, max_input_chars=conf.MAX_SEGMENT_CHARS)
+        config, text, stream = read.config, read.input, read.stream
     except SpeechError as exc:
         return error(exc.code or 400, exc.message, type=exc.error_type, param=exc.param)
     wait = engine.estimated_wait()

@@ -1,29 +1,25 @@
 """The WebSocket endpoint: a thin Channels consumer around SpeechSession.
 
 `receive()` hands the frame to the session, which only parses and enqueues; synthesis runs in
-the session's own tasks. `disconnect()` aborts all of the session's work.
+the session's own tasks. Admission (capacity, key, slot) and the control plane (group, registry,
+signals) are one object it calls, speech/web/admission.py. `disconnect()` aborts all of the
+session's work and gives everything back.
 """
 
 import asyncio
 import json
-import logging
 
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from . import auth
-from ..control import signals as control, registry
-from .. import metrics, voices
-from ..conf import conf, stream_limits
+from .. import voices
+from ..conf import stream_limits
 from ..engines import get_engine
-from ..stream.errors import CLOSE_CAPACITY, CLOSE_POLICY, RATE_LIMIT, SpeechError, at_capacity
-from .flowcontrol import SCOPE_KEY
 from ..stream.session import SpeechSession
-from ..control.slots import Lease, get_slots
-
-
-logger = logging.getLogger(__name__)
+from . import budget
+from .admission import Admission
+from .flowcontrol import SCOPE_KEY
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
 
@@ -33,12 +29,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         super().__init__(**kwargs)
         self.engine = engine
         self.session = None
-        self.api_key = None
-        self.lease = None
-        self.registering = None  # the registry row's write (a task), once configured
-        self.group = None  # the channel-layer group this session has joined
+        self.admission = None  # speech/web/admission.py: key, slot, group and registry row
         self._open = False
-        self._signal_tasks = set()
 
     async def __call__(self, scope, receive, send):
         try:
@@ -47,7 +39,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             # The server is stopping (daphne cancels every application on SIGTERM).
             if self.session is not None:
                 await self.session.terminate(SHUTDOWN_MESSAGE)
-                await self._ended()
+                await self.admission.release(self.session)
             raise
 
     async def dispatch(self, message):
@@ -59,44 +51,17 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def connect(self):
-        # Keys and slots are settled here, once: nothing touches the database per frame.
         await self.accept()
         self._open = True
+        self.admission = Admission(self.channel_layer, self.channel_name)
         self.session = SpeechSession(self, self.engine or get_engine(), stream_limits(),
                                      find_voice=database_sync_to_async(voices.find_voice),
-                                     on_configured=self._register)
-        metrics.session_started(self.session)
-        if self.session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
-            await self.session.refuse(at_capacity())  # before a slot is taken: nothing to give back
+                                     on_configured=self.admission.register, parse_large=budget.parse_large_config)
+        refusal = await self.admission.admit(self.scope, self.session)
+        if refusal is not None:
+            await self.session.refuse(refusal)
             return
-        if conf.REQUIRE_API_KEY:
-            key = self.api_key = await database_sync_to_async(auth.websocket_key)(self.scope)
-            if key is None:
-                await self.session.refuse(SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401,
-                                                      close_code=CLOSE_POLICY))
-                return
-            if not await self._take_slot(key):
-                await self.session.refuse(SpeechError(
-                    f"Too many concurrent sessions for this API key (limit {self._limit(key)})",
-                    error_type=RATE_LIMIT, code=429, close_code=CLOSE_CAPACITY))
-                return
         self.session.start()
-
-    @staticmethod
-    def _limit(key):
-        return conf.MAX_SESSIONS_PER_KEY if key.max_sessions is None else key.max_sessions
-
-    async def _take_slot(self, key):
-        slots = get_slots()
-        try:
-            taken = await slots.acquire(key.prefix, self.session.session_id, self._limit(key))
-        except Exception:  # Redis away: serve rather than refuse; the limit is not enforced meanwhile
-            logger.warning("session slots unavailable; per-key limit not enforced for this session")
-            return True
-        if taken:
-            self.lease = Lease(slots, key.prefix, self.session.session_id)
-            self.lease.start()
-        return taken
 
     async def receive(self, text_data=None, bytes_data=None):
         if text_data is not None:
@@ -107,61 +72,16 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         self._open = False
         if self.session is not None:
-            await self._ended()
+            await self.admission.release(self.session)
 
-    # -- registry and control signals ----------------------------------------------------------
-    async def _register(self, session):
-        """session.configured is about to go out: join the session's group, so a cancel or terminate
-        sent from now on reaches it, and record it in the registry. Without keys the row is written in
-        the background (no database wait or thread hop in the handshake; the REST endpoints find the
-        session by its group until then); with keys the row says whose session it is, so it comes first."""
-        self.group = control.group(session.session_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        self.registering = asyncio.ensure_future(database_sync_to_async(registry.opened)(
-            session.session_id, voice=session.config.voice, engine=session.engine.capabilities.name,
-            api_key=self.api_key))
-        if self.api_key is not None:
-            await self.registering
-
+    # -- control signals (speech/control/signals.py) -------------------------------------------
     async def speech_cancel(self, message):
-        self._on_signal(message)
+        if self.session is not None:
+            self.admission.signal(self.session, message)
 
     async def speech_terminate(self, message):
-        self._on_signal(message)
-
-    def _on_signal(self, message):
-        # Never held up here: the consumer's dispatch also carries the client's frames.
-        if self.session is None:
-            return
-        task = asyncio.create_task(self.session.handle_signal(message))
-        self._signal_tasks.add(task)
-        task.add_done_callback(self._signal_tasks.discard)
-
-    async def _ended(self):
-        session = self.session
-        if self.group is not None:
-            group, self.group = self.group, None
-            await self.channel_layer.group_discard(group, self.channel_name)
-        pending = [task for task in self._signal_tasks if task is not asyncio.current_task()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        await session.aclose()
-        metrics.session_ended(session)
-        if self.lease is not None:
-            await self.lease.release()
-            self.lease = None
-        if self.registering is not None:
-            registering, self.registering = self.registering, None
-            try:
-                await registering
-            except Exception:  # the row was never written: nothing to close
-                logger.exception("could not record session %s in the registry", session.session_id)
-                return
-            pipeline = session.pipeline
-            await database_sync_to_async(registry.closed)(
-                session.session_id, status=session.outcome, segments=pipeline.sentences,
-                bytes_sent=pipeline.bytes_sent, first_audio_s=pipeline.first_audio_s)
+        if self.session is not None:
+            self.admission.signal(self.session, message)
 
     # -- the session's transport ---------------------------------------------------------------
     async def send_json(self, event):

@@ -9,6 +9,10 @@ missing for a connection whose application has finished or not started yet (an H
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
 sessions still running. This version skips such connections, waits for every session to end
 (each sends its error event and closes 4001, see consumers.py), then stops the channel layer's heartbeat.
+
+Its WebSocket connections meter large frames against the process's budget from their header on
+(speech/web/wsprotocol.py, speech/web/budget.py), and connections that end ask for freed memory to be returned
+(speech.memory).
 """
 
 import asyncio
@@ -19,8 +23,10 @@ from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import defer
 
+from .. import memory
 from ..control import signals as control
 from .flowcontrol import SCOPE_KEY, FlowControl
+from .wsprotocol import BudgetedWebSocketProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +43,33 @@ CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class SpeechServer(Server):
+    @property
+    def ws_factory(self):
+        return self._ws_factory
+
+    @ws_factory.setter
+    def ws_factory(self, factory):
+        # Server.run() builds daphne's factory; its connections use the budgeted protocol.
+        factory.protocol = BudgetedWebSocketProtocol
+        self._ws_factory = factory
+
+    sockets = 0  # WebSocket connections open in this process
+
+    def protocol_disconnected(self, protocol):
+        super().protocol_disconnected(protocol)
+        if getattr(protocol, "speech_socket", False):
+            protocol.speech_socket = False
+            self.sockets -= 1
+            if self.sockets == 0:
+                # The server went quiet: give freed memory back. Not after every connection: a trim
+                # walks the heaps under their locks and slows the synthesis threads while it runs.
+                memory.release_free_memory()
+
     def create_application(self, protocol, scope):
         """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope."""
         if scope["type"] == "websocket":
+            protocol.speech_socket = True
+            self.sockets += 1
             scope[SCOPE_KEY] = FlowControl.attach(protocol)
             protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
             sock = _socket_of(protocol.transport)

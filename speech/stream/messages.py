@@ -1,0 +1,409 @@
+"""The wire vocabulary, as pydantic models: every client message, every server event, and the REST
+request body of `POST /v1/audio/speech` (docs/protocol.md). The session, the pipeline, the consumer
+and the REST views build and read messages only through this module; the JSON Schema of the
+WebSocket messages and the OpenAPI document (speech/web/openapi.py) are generated from it.
+
+Reading the handshake keeps the contract of docs/protocol.md ("session.config fields"): the models
+are strict (no coercion: booleans are not numbers, 24000.0 is not an integer), every field's raw JSON
+type is checked in the table's order before any value rule runs, the first failure wins, and its
+message is the product's (`<field> must be a string`, ...), mapped from pydantic's error by field and
+error type. The value rules run in an after-validator and raise the product's own SpeechError, which
+pydantic lets through unchanged (it wraps only ValueError and AssertionError).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PrivateAttr,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from ..audio.codecs import FORMATS, RAW_FORMATS, output_rate
+from .errors import BAD_REQUEST, CLOSE_POLICY, SpeechError, fatal
+
+if TYPE_CHECKING:  # for the annotations only
+    from ..engines.base import Capabilities
+    from ..voices import ReferenceVoice
+
+SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
+TELEPHONY_FORMATS, TELEPHONY_RATE = ("mulaw", "alaw"), 8000  # G.711 defaults to the telephone rate
+GRANULARITIES = ("clause", "sentence")
+SPEED_MIN, SPEED_MAX = 0.25, 4.0
+# Ranges of the forwarded sampling options: what every engine can use. Hibari seeds numpy's
+# generator (negative seeds raise); sglang-omni and vLLM-omni refuse temperature < 0, top_p outside
+# (0, 1], top_k other than -1 or >= 1, repetition_penalty outside (0, 2] (sglang) and max_tokens < 1;
+# torch seeds are at most 64 bits and sglang keeps top_k and token counts in int32. The temperature
+# cap is OpenAI's documented 0..2 (it also refuses 1e400, which JSON parses to infinity).
+INT32_MAX, UINT64_MAX = 2**31 - 1, 2**64 - 1
+OPTION_RANGES = (
+    ("temperature", lambda v: 0 <= v <= 2, "temperature must be between 0 and 2"),
+    ("top_p", lambda v: 0 < v <= 1, "top_p must be greater than 0 and at most 1"),
+    ("top_k", lambda v: v == -1 or 1 <= v <= INT32_MAX, f"top_k must be -1 or between 1 and {INT32_MAX}"),
+    ("repetition_penalty", lambda v: 0 < v <= 2, "repetition_penalty must be greater than 0 and at most 2"),
+    ("max_new_tokens", lambda v: 1 <= v <= INT32_MAX, f"max_new_tokens must be between 1 and {INT32_MAX}"),
+    ("seed", lambda v: 0 <= v <= UINT64_MAX, f"seed must be between 0 and {UINT64_MAX}"),
+)
+FORWARDED = ("model", "language", "instructions", "ref_audio", "ref_text", "temperature", "top_p", "top_k",
+             "repetition_penalty", "max_new_tokens", "seed")
+
+# pydantic's type errors -> the contract's words. A number is StrictInt | StrictFloat, whose error
+# names the union's member in its location: any error at such a location means "a number".
+TYPE_WORDS = {"string_type": "a string", "int_type": "an integer", "bool_type": "a boolean"}
+Number = StrictInt | StrictFloat
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The session's limits, as session.configured reports them."""
+    config_timeout_s: float
+    idle_timeout_s: float
+    max_config_bytes: int
+    max_message_bytes: int
+    max_pending_chars: int
+    max_segment_chars: int
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """A session's configuration once read and resolved against the engine (not a wire message)."""
+    voice: str
+    response_format: str = "pcm"
+    sample_rate: int = 24000
+    speed: float = 1.0
+    stream_audio: bool = False
+    split_granularity: str = "sentence"
+    options: dict[str, Any] = field(default_factory=dict)  # forwarded to the engine
+    reference: Any = None  # an uploaded voice (speech.voices.ReferenceVoice) for engines that clone
+
+
+class UnknownVoice(SpeechError):
+    """Not a voice of the engine: the caller may look for an uploaded voice of that name."""
+
+    def __init__(self, requested: str, capabilities: Capabilities) -> None:
+        super().__init__(f"Unknown voice '{requested}'. Supported voices: {', '.join(capabilities.voices)}",
+                         param="voice", close_code=CLOSE_POLICY)
+        self.requested = requested
+
+
+class Message(BaseModel):
+    """A client message: strict (no coercion), unknown keys ignored."""
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    # Messages for errors on a field that are not "<field> must be <type>".
+    field_messages: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def read(cls, data: Any, *, context: dict[str, Any] | None = None, close_code: int | None = CLOSE_POLICY) -> Self:
+        """The validated model; the first failure as the product's SpeechError otherwise."""
+        try:
+            return cls.model_validate(data, context=context)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
+            name = str(first["loc"][0]) if first["loc"] else None  # a field name: the models hold no lists
+            message = cls.field_messages.get(name or "")
+            if message is None:
+                words = "a number" if len(first["loc"]) > 1 else TYPE_WORDS.get(first["type"], "valid")
+                message = f"{name} must be {words}"
+            raise SpeechError(message, param=name, close_code=close_code) from None
+
+
+# -- client messages --------------------------------------------------------------------------------
+
+class SessionFields(Message):
+    """The fields of session.config, in the order of the fields table (the order of the type checks)."""
+    model: StrictStr | None = None
+    voice: StrictStr | None = None
+    speaker: StrictStr | None = None  # another name for voice
+    response_format: StrictStr | None = None
+    sample_rate: StrictInt | None = None
+    speed: Number | None = None
+    stream_audio: StrictBool | None = None
+    split_granularity: StrictStr | None = None
+    language: StrictStr | None = None
+    instructions: StrictStr | None = None
+    ref_audio: StrictStr | None = None
+    ref_text: StrictStr | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: StrictInt | None = None
+    repetition_penalty: Number | None = None
+    max_new_tokens: StrictInt | None = None
+    seed: StrictInt | None = None
+
+    _config: SessionConfig | None = PrivateAttr(None)
+
+    @property
+    def config(self) -> SessionConfig:
+        """The configuration the value rules resolved (validation context `capabilities` required)."""
+        return self._config  # type: ignore[return-value]  # set by the value rules of every read
+
+    @model_validator(mode="after")
+    def _value_rules(self, info: ValidationInfo) -> Self:
+        context = info.context or {}
+        self._check_values(context)
+        return self
+
+    def _check_values(self, context: dict[str, Any]) -> None:
+        """The value rules in the contract's order; the engine's capabilities come in the context,
+        with `reference` (an uploaded voice found for the name) and `voice_checked` (they were searched)."""
+        caps, reference = context["capabilities"], context.get("reference")
+        voice = _resolve_voice(self.voice if self.voice is not None else self.speaker, caps, reference,
+                               context.get("voice_checked", False))
+
+        fmt = ("pcm" if self.response_format is None else self.response_format).strip().lower()
+        if fmt not in FORMATS:
+            raise fatal(f"response_format must be one of: {', '.join(FORMATS)}", "response_format")
+
+        rate = self.sample_rate
+        if rate is None:
+            rate = TELEPHONY_RATE if fmt in TELEPHONY_FORMATS else caps.sample_rate
+        if rate not in SAMPLE_RATES:
+            raise fatal(f"sample_rate must be one of: {', '.join(map(str, SAMPLE_RATES))}", "sample_rate")
+
+        speed = 1.0 if self.speed is None else self.speed
+        if not SPEED_MIN <= speed <= SPEED_MAX:  # compared before float(): a huge integer must not overflow
+            raise fatal("speed must be between 0.25 and 4.0", "speed")
+
+        stream_audio = bool(self.stream_audio)
+        if stream_audio and fmt not in RAW_FORMATS:
+            raise fatal("stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", "response_format")
+
+        granularity = "sentence" if self.split_granularity is None else self.split_granularity
+        if granularity not in GRANULARITIES:
+            raise fatal(f"split_granularity must be one of: {', '.join(GRANULARITIES)}", "split_granularity")
+
+        if self.ref_audio is not None and not caps.reference_audio:
+            raise fatal(f"ref_audio is not supported by engine '{caps.name}'", "ref_audio")
+        if self.instructions is not None and not caps.instructions:
+            raise fatal(f"instructions is not supported by engine '{caps.name}'", "instructions")
+        for key, allowed, message in OPTION_RANGES:
+            value = getattr(self, key)
+            if value is not None and not allowed(value):
+                raise fatal(message, key)
+
+        self._config = SessionConfig(
+            voice=voice, response_format=fmt, sample_rate=output_rate(fmt, rate), speed=float(speed),
+            stream_audio=stream_audio, split_granularity=granularity,
+            options={key: getattr(self, key) for key in FORWARDED if getattr(self, key) is not None},
+            reference=reference)
+
+
+def _resolve_voice(requested: str | None, caps: Capabilities, reference: ReferenceVoice | None,
+                   voice_checked: bool) -> str:
+    if requested is None or requested.strip().lower() == "default":
+        return caps.default_voice
+    for name in caps.voices:
+        if name.lower() == requested.strip().lower():
+            return name
+    if reference is None:
+        if caps.any_voice and voice_checked:
+            return requested.strip()
+        raise UnknownVoice(requested, caps)
+    if not caps.reference_audio:
+        raise fatal(f"voice '{requested}' needs an engine with reference audio; engine '{caps.name}' has none", "voice")
+    return reference.name
+
+
+class SessionConfigMessage(SessionFields):
+    """The first message: the fields nested under `session`, or flat beside `type` (`session` absent or null)."""
+    type: Literal["session.config"]
+    session: SessionFields | None = None
+
+
+def read_fields(payload: dict[str, Any], model: type[SessionFields] = SessionFields,
+                **context: Any) -> SessionFields:
+    """session.config's fields (nested or flat) read as `model`, value rules included; fatal SpeechError
+    otherwise. A request model's own fields (`model.own_fields`) are read from the payload's top level."""
+    raw = payload.get("session")
+    if raw is None:
+        raw = {key: value for key, value in payload.items() if key != "type"}
+    elif not isinstance(raw, dict):
+        raise fatal("session.config session must be an object", "session")
+    else:
+        own = getattr(model, "own_fields", ())
+        raw = {**{k: v for k, v in raw.items() if k not in own}, **{k: payload[k] for k in own if k in payload}}
+    return model.read(raw, context=context)
+
+
+class InputText(Message):
+    """Text to speak; the segmenter cuts it into segments."""
+    type: Literal["input.text"]
+    text: StrictStr
+
+    field_messages = {"text": "input.text text must be a string"}
+
+
+class InputCommit(Message):
+    """Speak what is buffered now, even without a sentence end."""
+    type: Literal["input.commit"]
+
+
+class InputCancel(Message):
+    """Barge-in: stop the current segment, drop the queued ones and the buffered text."""
+    type: Literal["input.cancel"]
+
+
+class SessionKeepalive(Message):
+    """Resets the idle timer (as every frame does)."""
+    type: Literal["session.keepalive"]
+
+
+class InputDone(Message):
+    """No more text: the buffered text is spoken, then session.done and close 1000."""
+    type: Literal["input.done"]
+
+
+CLIENT_MESSAGES = (SessionConfigMessage, InputText, InputCommit, InputCancel, SessionKeepalive, InputDone)
+
+
+# -- the REST request body ----------------------------------------------------------------------------
+
+class SpeechOptions(Message):
+    """`POST /v1/audio/speech`'s own fields, read (and checked) before the session.config fields."""
+    input: StrictStr
+    stream: StrictBool = False
+    # OpenAI's stream_format: "audio" is raw audio as it is made (what upstream engines ask for); no SSE
+    stream_format: Literal["audio"] | None = None
+
+    own_fields: ClassVar[tuple[str, ...]] = ("input", "stream", "stream_format")
+    field_messages = {"input": "input must be a non-empty string", "stream": "stream must be a boolean",
+                      "stream_format": "stream_format must be one of: audio"}
+
+    @field_validator("input")
+    @classmethod
+    def _input_rules(cls, text: str, info: ValidationInfo) -> str:
+        if not text.strip():
+            raise SpeechError("input must be a non-empty string", param="input")
+        limit = (info.context or {}).get("max_input_chars")
+        if limit is not None and len(text) > limit:
+            raise SpeechError(f"input must be at most {limit} characters", param="input")
+        return text
+
+
+class SpeechRequest(SessionFields, SpeechOptions):
+    """The body of `POST /v1/audio/speech`: its own fields first (pydantic orders the fields of the
+    bases from the last), then the session.config fields with the WebSocket's rules."""
+
+    def _check_values(self, context: dict[str, Any]) -> None:
+        super()._check_values(context)
+        if self.stream_format == "audio" and self.config.response_format in RAW_FORMATS:
+            self.stream = True
+        if self.stream and self.config.response_format not in RAW_FORMATS:
+            raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
+
+
+# -- server events --------------------------------------------------------------------------------------
+
+class Event(BaseModel):
+    """A server event; `dump()` is the JSON object sent, with fields in this order."""
+    model_config = ConfigDict(extra="forbid")
+
+    def dump(self) -> dict:
+        return self.model_dump()
+
+
+class SessionConfigured(Event):
+    type: Literal["session.configured"] = "session.configured"
+    session_id: str
+    response_format: str
+    stream_audio: bool
+    split_granularity: str
+    sample_rate: int
+    voice: str
+    engine: str
+    limits: Limits
+
+    @classmethod
+    def of(cls, session_id: str, config: SessionConfig, capabilities: Capabilities, limits: Limits) -> Self:
+        return cls(session_id=session_id, response_format=config.response_format, stream_audio=config.stream_audio,
+                   split_granularity=config.split_granularity, sample_rate=config.sample_rate, voice=config.voice,
+                   engine=capabilities.name, limits=limits)
+
+
+class InputCommitted(Event):
+    type: Literal["input.committed"] = "input.committed"
+    session_id: str
+    segment_index: int
+    segment_sentences: int
+    total_sentences: int
+
+
+class InputCancelled(Event):
+    type: Literal["input.cancelled"] = "input.cancelled"
+    session_id: str
+    cancelled_sentences: int
+    total_sentences: int
+    origin: Literal["client", "server"]
+
+
+class SessionDone(Event):
+    type: Literal["session.done"] = "session.done"
+    session_id: str
+    total_sentences: int
+
+
+class AudioStart(Event):
+    type: Literal["audio.start"] = "audio.start"
+    id: str
+    sentence_index: int
+    sentence_text: str
+    format: str
+    sample_rate: int
+
+
+class AudioDone(Event):
+    type: Literal["audio.done"] = "audio.done"
+    id: str
+    sentence_index: int
+    total_bytes: int
+    error: bool
+    cancelled: bool
+
+
+class ErrorEvent(Event):
+    """`param` and `code` only when set; `id` and `sentence_index` only for a segment's error,
+    `partial_audio` only when some of that segment's audio was sent."""
+    type: Literal["error"] = "error"
+    message: str
+    error_type: str
+    param: str | None = None
+    code: int | None = None
+    id: str | None = None
+    sentence_index: int | None = None
+    partial_audio: Literal[True] | None = None
+
+    def dump(self) -> dict:
+        return self.model_dump(exclude_none=True)
+
+
+SERVER_EVENTS = (SessionConfigured, InputCommitted, InputCancelled, SessionDone, AudioStart, AudioDone, ErrorEvent)
+
+
+# -- REST errors ------------------------------------------------------------------------------------------
+
+class RestErrorDetail(Event):
+    message: str
+    type: str
+    param: str | None  # null when no one field is at fault
+    code: int  # the HTTP status
+
+
+class RestError(Event):
+    """The REST endpoints' error envelope (OpenAI's): `{"error": {message, type, param, code}}`."""
+    error: RestErrorDetail
+
+    @classmethod
+    def of(cls, status: int, message: str, *, type: str = BAD_REQUEST, param: str | None = None) -> Self:
+        return cls(error=RestErrorDetail(message=message, type=type, param=param, code=status))

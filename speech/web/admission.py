@@ -1,0 +1,118 @@
+"""A WebSocket session's admission and its place in the control plane, for the consumer to call.
+
+`admit` decides whether a new session may run (engine capacity, API key, the key's concurrent
+session slot), `register` makes a configured session reachable (its channel-layer group and its
+session registry row), `signal` runs a control signal against it, and `release` gives everything
+back when it ends. The consumer itself keeps to Channels' hooks.
+"""
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+
+from .. import metrics
+from ..conf import conf
+from ..control import registry
+from ..control import signals as control
+from ..control.slots import Lease, get_slots
+from ..stream.errors import (
+    CLOSE_CAPACITY,
+    CLOSE_POLICY,
+    RATE_LIMIT,
+    SpeechError,
+    at_capacity,
+)
+from . import auth
+
+logger = logging.getLogger(__name__)
+
+
+class Admission:
+    def __init__(self, channel_layer, channel_name):
+        self.channel_layer = channel_layer
+        self.channel_name = channel_name
+        self.api_key = None
+        self.lease = None
+        self.registering = None  # the registry row's write (a task), once configured
+        self.group = None  # the channel-layer group this session has joined
+        self._signal_tasks = set()
+
+    async def admit(self, scope, session):
+        """The error the session is refused with, or None: it may run. Keys and slots are settled
+        here, once: nothing touches the database per frame."""
+        metrics.session_started(session)
+        if session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
+            return at_capacity()  # before a slot is taken: nothing to give back
+        if conf.REQUIRE_API_KEY:
+            key = self.api_key = await database_sync_to_async(auth.websocket_key)(scope)
+            if key is None:
+                return SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401,
+                                   close_code=CLOSE_POLICY)
+            if not await self._take_slot(key, session):
+                return SpeechError(f"Too many concurrent sessions for this API key (limit {self._limit(key)})",
+                                   error_type=RATE_LIMIT, code=429, close_code=CLOSE_CAPACITY)
+        return None
+
+    @staticmethod
+    def _limit(key):
+        return conf.MAX_SESSIONS_PER_KEY if key.max_sessions is None else key.max_sessions
+
+    async def _take_slot(self, key, session):
+        slots = get_slots()
+        try:
+            taken = await slots.acquire(key.prefix, session.session_id, self._limit(key))
+        except Exception:  # Redis away: serve rather than refuse; the limit is not enforced meanwhile
+            logger.warning("session slots unavailable; per-key limit not enforced for this session")
+            return True
+        if taken:
+            self.lease = Lease(slots, key.prefix, session.session_id)
+            self.lease.start()
+        return taken
+
+    async def register(self, session):
+        """session.configured is about to go out: join the session's group, so a cancel or terminate
+        sent from now on reaches it, and record it in the registry. Without keys the row is written in
+        the background (no database wait or thread hop in the handshake; the REST endpoints find the
+        session by its group until then); with keys the row says whose session it is, so it comes first."""
+        self.group = control.group(session.session_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.registering = asyncio.ensure_future(database_sync_to_async(registry.opened)(
+            session.session_id, voice=session.config.voice, engine=session.engine.capabilities.name,
+            api_key=self.api_key))
+        if self.api_key is not None:
+            await self.registering
+
+    def signal(self, session, message):
+        """A speech.cancel or speech.terminate for the session, run in its own task: never held up
+        here, since the consumer's dispatch also carries the client's frames."""
+        task = asyncio.create_task(session.handle_signal(message))
+        self._signal_tasks.add(task)
+        task.add_done_callback(self._signal_tasks.discard)
+
+    async def release(self, session):
+        """The session has ended (or the server is stopping): leave the group, stop signals under way,
+        close the session, give the slot back and close the registry row."""
+        if self.group is not None:
+            group, self.group = self.group, None
+            await self.channel_layer.group_discard(group, self.channel_name)
+        pending = [task for task in self._signal_tasks if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await session.aclose()
+        metrics.session_ended(session)
+        if self.lease is not None:
+            await self.lease.release()
+            self.lease = None
+        if self.registering is not None:
+            registering, self.registering = self.registering, None
+            try:
+                await registering
+            except Exception:  # the row was never written: nothing to close
+                logger.exception("could not record session %s in the registry", session.session_id)
+                return
+            pipeline = session.pipeline
+            await database_sync_to_async(registry.closed)(
+                session.session_id, status=session.outcome, segments=pipeline.sentences,
+                bytes_sent=pipeline.bytes_sent, first_audio_s=pipeline.first_audio_s)

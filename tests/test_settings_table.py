@@ -1,0 +1,114 @@
+"""The settings table (speech/conf.py) is the one source of the SPEECH_* settings: the README's
+Settings table, the settings module and `manage.py check` all follow it.
+
+Only the SPEECH_* rows of the README are compared; DJANGO_*, DATABASE_URL, REDIS_URL, MEDIA_ROOT,
+HOST and PORT are read by ttsproject/settings.py and the Makefile themselves."""
+
+import re
+from pathlib import Path
+
+import environ
+import pytest
+
+from speech.checks import check_speech_settings
+from speech.conf import SETTINGS, conf, from_environment
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+ROW = re.compile(r"^\| `(SPEECH_[A-Z0-9_]+)` \| (.*?) \| (.*?) \|$")
+
+
+def readme_rows():
+    """name -> (default cell, meaning cell) for the SPEECH_* rows of the README's Settings table."""
+    text = README.read_text()
+    section = text[text.index("\n## Settings\n"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = {}
+    for line in section.splitlines():
+        match = ROW.match(line)
+        if match:
+            name, default, meaning = match.groups()
+            assert name not in rows, f"{name} is in the README's Settings table twice"
+            rows[name] = (default, meaning)
+    return rows
+
+
+def expected_row(setting):
+    return f"| `{setting.name}` | {setting.readme_default} | {setting.meaning} |"
+
+
+def test_the_readme_names_every_setting_of_the_table_and_no_other():
+    in_readme, in_table = set(readme_rows()), {setting.name for setting in SETTINGS}
+    missing = "\n".join(expected_row(s) for s in SETTINGS if s.name not in in_readme)
+    assert in_readme == in_table, f"README has extra {sorted(in_readme - in_table)}; add:\n{missing}"
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda setting: setting.name)
+def test_the_readme_row_says_what_the_table_says(setting):
+    rows = readme_rows()
+    if setting.name in rows:  # a missing row fails the test above
+        assert rows[setting.name] == (setting.readme_default, setting.meaning), f"the row should be:\n{expected_row(setting)}"
+
+
+def test_the_readme_shows_the_defaults_as_written_in_the_table():
+    shown = {setting.name: setting.readme_default for setting in SETTINGS}
+    assert shown["SPEECH_MAX_QUEUE_WAIT_S"] == "`2`"
+    assert shown["SPEECH_MAX_CONFIG_BYTES"] == "`16777216`"
+    assert shown["SPEECH_REQUIRE_API_KEY"] == "`false`"
+    assert shown["SPEECH_ENGINE"] == "`hibari`"
+
+
+def test_the_environment_is_read_through_the_table(monkeypatch):
+    for setting in SETTINGS:
+        monkeypatch.delenv(setting.name, raising=False)
+    assert from_environment(environ.Env()) == {setting.name: setting.default for setting in SETTINGS}
+    monkeypatch.setenv("SPEECH_MAX_QUEUE_WAIT_S", "3.5")
+    monkeypatch.setenv("SPEECH_MAX_SEGMENT_CHARS", "100")
+    monkeypatch.setenv("SPEECH_REQUIRE_API_KEY", "true")
+    monkeypatch.setenv("SPEECH_UPSTREAM_VOICES", "alloy,ash")
+    read = from_environment(environ.Env())
+    assert (read["SPEECH_MAX_QUEUE_WAIT_S"], read["SPEECH_MAX_SEGMENT_CHARS"]) == (3.5, 100)
+    assert (read["SPEECH_REQUIRE_API_KEY"], read["SPEECH_UPSTREAM_VOICES"]) == (True, ["alloy", "ash"])
+
+
+def test_every_setting_of_the_table_is_a_django_setting():
+    from django.conf import settings
+
+    assert [s.name for s in SETTINGS if not hasattr(settings, s.name)] == []
+
+
+def test_conf_falls_back_to_the_tables_default(settings):
+    del settings.SPEECH_MAX_SEGMENT_CHARS
+    assert conf.MAX_SEGMENT_CHARS == 4096
+    with pytest.raises(AttributeError):
+        _ = conf.NOT_A_SETTING
+
+
+@pytest.mark.parametrize("overrides, message, check_id", [
+    ({"SPEECH_ENGINE": "nope"}, "SPEECH_ENGINE is 'nope'; it must be one of: fake, hibari, openai.", "speech.E001"),
+    ({"SPEECH_ENGINE_WORKERS": 0}, "SPEECH_ENGINE_WORKERS must be at least 1.", "speech.E002"),
+    ({"SPEECH_MAX_QUEUE_WAIT_S": 0}, "SPEECH_MAX_QUEUE_WAIT_S must be positive.", "speech.E003"),
+    ({"SPEECH_IDLE_TIMEOUT_S": -1}, "SPEECH_IDLE_TIMEOUT_S must be positive.", "speech.E004"),
+    ({"SPEECH_MAX_SEGMENT_CHARS": 0}, "SPEECH_MAX_SEGMENT_CHARS must be positive.", "speech.E004"),
+    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "gpu-host"},
+     ("SPEECH_ENGINE is 'openai' but SPEECH_UPSTREAM_URL is 'gpu-host'; it must be the http(s) base URL of an "
+      "OpenAI-compatible speech server, e.g. http://gpu-host:8000/v1."), "speech.E005"),
+    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_SAMPLE_RATE": 1},
+     "SPEECH_UPSTREAM_SAMPLE_RATE must be one of: 8000, 16000, 22050, 24000, 44100, 48000.", "speech.E006"),
+    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_READ_TIMEOUT_S": 0},
+     "SPEECH_UPSTREAM_READ_TIMEOUT_S must be positive.", "speech.E004"),
+    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_RETRIES": -1},
+     "SPEECH_UPSTREAM_RETRIES must not be negative.", "speech.E007"),
+    ({"SPEECH_MAX_MESSAGE_BYTES": 10, "SPEECH_MAX_CONFIG_BYTES": 5},
+     ("SPEECH_MAX_MESSAGE_BYTES is larger than SPEECH_MAX_CONFIG_BYTES; daphne's frame limit follows the "
+      "larger one."), "speech.W001"),
+])
+def test_each_rule_of_the_table_is_a_system_check(settings, overrides, message, check_id):
+    settings.SPEECH_ENGINE = "fake"
+    for name, value in overrides.items():
+        setattr(settings, name, value)
+    assert [(e.msg, e.id) for e in check_speech_settings(None)] == [(message, check_id)]
+
+
+def test_upstream_settings_are_checked_only_for_the_upstream_engine(settings):
+    settings.SPEECH_ENGINE, settings.SPEECH_UPSTREAM_URL, settings.SPEECH_UPSTREAM_RETRIES = "fake", "", -1
+    assert check_speech_settings(None) == []

@@ -1,0 +1,311 @@
+"""The stress tier of `make test` (bench/stress.py runs the same scenarios at full size): a real
+daphne with Hibari on 2 workers, hostile frames, abrupt disconnects, the handshake memory budget,
+the overload burst, and the text and options that used to break the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import threading
+import unicodedata
+
+import pytest
+
+from speech.engines.base import EngineError
+from speech.engines.text import for_engine, for_number_reader
+from speech.web.budget import FRAME_COST_FACTOR, OVER_BUDGET_MESSAGE, Budget
+from tests.support.live import open_session, run_session, send_json, serving, wait_for
+from tests.support.stress import ProcWatch, active_sessions, disconnects, frame_header, fuzz, raw_upgrade, tracebacks
+from tests.support.stress_load import large_config, large_configs, overload_burst, probe_first_audio
+
+pytestmark = pytest.mark.live
+
+MIB = 1024 * 1024
+CONFIG_BYTES = 16 * MIB - 64
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": "2",
+                  "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
+        srv.watch = ProcWatch(srv.proc.pid)
+        yield srv
+
+
+def idle(server):
+    wait_for(lambda: active_sessions(server) == 0, "every session ended", timeout=120)
+
+
+# -- hostile frames and clients ------------------------------------------------------------------------
+
+def test_fuzz_frames_get_only_contract_answers(server):
+    before = tracebacks(server)
+    tally = asyncio.run(fuzz(server.ws_url, random.Random(1515), 1000))
+    assert tally.frames >= 1000
+    assert tally.problems == []
+    assert tracebacks(server) == before, server.stderr_text()[-4000:]
+    idle(server)
+    assert asyncio.run(probe_first_audio(server.ws_url)) > 0  # still serving
+
+
+def test_abrupt_disconnects_leave_nothing_running(server):
+    watch = server.watch
+    asyncio.run(disconnects(server, random.Random(7), 30))  # the pools reach their working size
+    idle(server)
+    baseline = wait_for(lambda: _steady(watch), "descriptors and threads steady")
+    tally = asyncio.run(disconnects(server, random.Random(8), 100))
+    assert tally.sessions == 100 and tally.problems == []
+    idle(server)
+    wait_for(lambda: watch.fds() <= baseline["fds"], f"descriptors back to {baseline['fds']}")
+    # Threads come only from fixed pools, which start their threads lazily: the event loop's, the
+    # engine's 2 workers, asyncio's default executor (min(32, CPUs + 4)) and Channels' database thread.
+    # A thread left behind per session would pass that ceiling many times over.
+    ceiling = 1 + 2 + min(32, (os.cpu_count() or 1) + 4) + 1
+    assert watch.threads() <= ceiling
+    assert "Traceback" not in server.stderr_text()
+
+
+def _steady(watch):
+    first = watch.snapshot()
+    return first if watch.snapshot() == first else None
+
+
+# -- the handshake memory budget -------------------------------------------------------------------------
+
+async def read_frame(reader):
+    """One server frame (unmasked): (opcode, payload)."""
+    head = await asyncio.wait_for(reader.readexactly(2), 30)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = int.from_bytes(await reader.readexactly(2), "big")
+    elif length == 127:
+        length = int.from_bytes(await reader.readexactly(8), "big")
+    return head[0] & 0x0F, await reader.readexactly(length)
+
+
+async def _over_budget_reply(server):
+    """Two connections announce a 16 MiB frame and send only its start: the default budget takes
+    one (3 x 16 MiB of 64 MiB), so whichever header the server reads second is refused at once,
+    before its payload. Returns that connection's two frames; both clients then vanish mid-frame."""
+    connections = [await raw_upgrade(server.host, server.port) for _ in range(2)]
+    for _reader, writer in connections:
+        writer.write(frame_header(CONFIG_BYTES) + b'{"type":"session.config","padding":"')
+        await writer.drain()
+
+    async def reply(reader):
+        return [await read_frame(reader), await read_frame(reader)]
+
+    waits = [asyncio.create_task(reply(reader)) for reader, _writer in connections]
+    done, pending = await asyncio.wait(waits, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    for _reader, writer in connections:  # gone in the middle of their frames: reservations must be released
+        writer.transport.abort()
+    assert len(done) == 1, "no connection was refused"
+    return done.pop().result()
+
+
+def test_large_frame_over_budget_is_refused_at_its_header(server):
+    idle(server)
+    (opcode, payload), (close_opcode, close_payload) = asyncio.run(_over_budget_reply(server))
+    assert opcode == 0x1
+    assert json.loads(payload) == {"type": "error", "message": OVER_BUDGET_MESSAGE, "error_type": "rate_limit_error",
+                                   "code": 429}
+    assert close_opcode == 0x8 and int.from_bytes(close_payload[:2], "big") == 4013
+    idle(server)
+    # Both reservations were released (the aborted holder's too): a full-size config goes through.
+    result = asyncio.run(run_session(server.ws_url, {"padding": "x" * (CONFIG_BYTES - 200)}, ["Hello. "]))
+    assert result.close_code == 1000
+
+
+def test_concurrent_large_configs_stay_within_the_budget(server):
+    idle(server)
+    watch = server.watch
+    before = watch.rss()
+    with watch.peak_rss() as peak:
+        tally = asyncio.run(large_configs(server.ws_url, 12, CONFIG_BYTES))
+    assert tally.problems == []
+    assert tally.configured >= 1 and tally.refused >= 1
+    assert tally.configured + tally.refused == 12
+    assert set(tally.closes) <= {1000, 4013}
+    assert peak["peak"] - before <= 64 * MIB, f"RSS rose {(peak['peak'] - before) / MIB:.0f} MiB"
+
+
+def test_budget_reservations_release_when_dropped():
+    budget = Budget(100)
+    held = budget.try_reserve(60)
+    assert budget.try_reserve(50) is None
+    held.shrink(20)
+    second = budget.try_reserve(50)
+    assert budget.used == 70
+    del held
+    assert budget.used == 50
+    second.release()
+    second.release()
+    assert budget.used == 0 and budget.peak == 70
+
+
+async def test_trims_after_frees_are_coalesced_and_run_off_the_loop(monkeypatch):
+    from speech import memory
+
+    loop_thread = threading.get_ident()
+    trims = []
+    monkeypatch.setattr(memory, "trim", lambda: trims.append(threading.get_ident()))
+    for _ in range(5):
+        memory.release_free_memory()
+    deadline = asyncio.get_running_loop().time() + 10
+    while not trims and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert len(trims) == 1 and trims[0] != loop_thread
+
+
+def test_default_budget_takes_one_largest_config():
+    assert FRAME_COST_FACTOR * 16 * MIB <= 64 * MIB < 2 * FRAME_COST_FACTOR * 16 * MIB
+    assert len(large_config(CONFIG_BYTES).encode()) == CONFIG_BYTES
+
+
+# -- overload ------------------------------------------------------------------------------------------------
+
+def test_overload_burst_loses_no_accepted_sentence(server):
+    idle(server)
+    tally = asyncio.run(overload_burst(server.ws_url, 20, 10))
+    assert tally.problems == []
+    assert tally.lost == 0, f"{tally.lost} of {tally.accepted} accepted sentences lost: {dict(tally.errors)}"
+    # Refusals only at the handshake: every error is a capacity refusal before session.configured.
+    assert sum(tally.errors.values()) == tally.refused
+    assert tally.accepted + 10 * tally.refused == 200
+
+
+# -- engine input -------------------------------------------------------------------------------------------
+
+# Every character str.isdigit() takes but int() does not (Hibari's number reading broke on them).
+NOT_INT_DIGITS = [chr(c) for c in range(0x110000) if chr(c).isdigit() and not chr(c).isdecimal()]
+
+
+@pytest.fixture(scope="module")
+def hibari():
+    from speech.engines.hibari import load_voice
+
+    tts = load_voice("heart")
+    tts.phonemize("Warm up.")
+    return tts
+
+
+@pytest.mark.parametrize("template", ["{c}", "On {c} May.", "1{c}", "{c}st", "$1{c}", "{c}.5", "{c}:30 pm", "{c},000"])
+def test_hibari_reads_every_digit_after_normalising(hibari, template):
+    texts = [template.format(c=char) for char in NOT_INT_DIGITS]
+    assert [(text, _failure(hibari, for_number_reader(text))) for text in texts
+            if _failure(hibari, for_number_reader(text))] == []
+
+
+def test_hibari_itself_breaks_on_such_a_digit(hibari):
+    """The case the normaliser is for: if Hibari ever reads `⑵` itself, this says so."""
+    assert "invalid literal for int()" in _failure(hibari, "⑵")
+
+
+def _failure(tts, text):
+    try:
+        for phonemes in tts.phonemize(text):
+            tts.ids(phonemes)
+    except Exception as exc:  # what Hibari raises is what the test reports
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def test_hibari_reads_characters_of_every_category(hibari):
+    rng = random.Random(15)
+    by_category = {}
+    for code in range(0x110000):
+        by_category.setdefault(unicodedata.category(chr(code)), []).append(chr(code))
+    failures = []
+    for category, chars in sorted(by_category.items()):
+        for char in rng.sample(chars, min(len(chars), 60)):
+            for text in (char, f"It costs {char}5.", f"12{char}3", char * 3):
+                if problem := _failure(hibari, for_number_reader(text)):
+                    failures.append((category, text, problem))
+    assert failures == []
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("⑵ and ⒈", "(2) and 1."), ("x\u200by\u202e", "xy"), ("٣ items", "3 items"), ("\ud800a", "a"),
+    ("\x00\x07ok\n", "  ok\n"), ("ﬁne ＡＢＣ", "fine ABC"), ("➊⓵", "11"), ("a\tb", "a b"), ("plain text", "plain text"),
+])
+def test_normaliser(text, expected):
+    assert for_number_reader(text) == expected
+
+
+def test_every_engine_gets_text_without_controls_or_invisible_characters():
+    assert for_engine("١٢ \u200d\ue000\x1b[0m") == "١٢  [0m"  # other scripts' digits stay for engines that read them
+
+
+def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplog):
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+
+    def breaks():
+        int("⑵")
+
+    async def run():
+        try:
+            with pytest.raises(EngineError) as failure:
+                await engine._job(breaks)
+        finally:
+            await engine.aclose()
+        return failure.value
+
+    with caplog.at_level(logging.WARNING, logger="speech.engines.hibari"):
+        error = asyncio.run(run())
+    assert error.event() == {"type": "error", "message": "speech synthesis failed", "error_type": "server_error"}
+    [record] = caplog.records
+    assert record.exc_info is None and "\n" not in record.getMessage()
+    assert "invalid literal for int()" in record.getMessage()
+
+
+HARD_TEXTS = ["Chapter ⑵ costs ⒈5 dollars. ", "Zero\u200bwidth and \u202ebidi marks. ", "٣ apples and ² squared. ",
+              "Bell \x07 and escape \x1b characters. ", "Ｆｕｌｌ width ﬁne text. ", "➊ and ⓵ are one. "]
+
+
+def test_hard_text_speaks_in_a_live_session(server):
+    before = tracebacks(server)
+    result = asyncio.run(run_session(server.ws_url, {"stream_audio": True}, HARD_TEXTS))
+    assert result.close_code == 1000
+    done = result.of_type("audio.done")
+    assert len(done) == len(HARD_TEXTS)
+    assert all(not event["error"] and event["total_bytes"] > 0 for event in done)
+    assert tracebacks(server) == before
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("seed", -1, "seed must be between 0 and 18446744073709551615"),
+    ("seed", 2**64, "seed must be between 0 and 18446744073709551615"),
+    ("temperature", -0.5, "temperature must be between 0 and 2"),
+    ("top_p", 0, "top_p must be greater than 0 and at most 1"),
+    ("top_k", 0, "top_k must be -1 or between 1 and 2147483647"),
+    ("repetition_penalty", 0, "repetition_penalty must be greater than 0 and at most 2"),
+    ("max_new_tokens", 0, "max_new_tokens must be between 1 and 2147483647"),
+])
+def test_options_an_engine_cannot_use_are_refused_at_the_handshake(server, field, value, message):
+    async def handshake():
+        ws = await open_session(server.ws_url)
+        try:
+            await send_json(ws, {"type": "session.config", "session": {field: value}})
+            reply = json.loads(await ws.recv())
+            await ws.wait_closed()
+            return reply, ws.close_code
+        finally:
+            await ws.close()
+
+    reply, code = asyncio.run(handshake())
+    assert reply == {"type": "error", "message": message, "error_type": "BadRequestError", "param": field, "code": 400}
+    assert code == 4008
+
+
+def test_options_at_their_limits_are_accepted(server):
+    config = {"seed": 2**64 - 1, "temperature": 2, "top_p": 1, "top_k": -1, "repetition_penalty": 2,
+              "max_new_tokens": 2**31 - 1, "stream_audio": True}
+    result = asyncio.run(run_session(server.ws_url, config, ["Fine. "]))
+    assert result.close_code == 1000 and not result.of_type("error")
