@@ -63,6 +63,13 @@ def utterance(browser):
     return js(browser, "window.playground.utterance")
 
 
+def utterance_field(browser, name):
+    """A field of the current utterance, or None while the page has not started one yet (right
+    after a click)."""
+    u = utterance(browser)
+    return None if u is None else u[name]
+
+
 def finished(browser):
     """The session has closed and the worklet has played everything it was given."""
     u = utterance(browser)
@@ -143,7 +150,7 @@ def stop_and_check_silence(browser):
     played = js(browser, "window.playground.played")
     status = browser.find_element(By.ID, "status")
     wait_for(lambda: re.fullmatch(r"Stopped: silent \d+ ms after Stop\.", status.text), "the page says it is silent")
-    wait_for(lambda: utterance(browser)["closed"], "the session ends")
+    wait_for(lambda: utterance_field(browser, "closed"), "the session ends")
     assert js(browser, "window.playground.played") == played  # nothing more was played after Stop
     assert js(browser, "window.playground.buffered") == 0
     u = utterance(browser)
@@ -179,12 +186,12 @@ def test_word_by_word_speaks_before_the_text_is_complete(server, browser):
     open_page(browser, server.http_url + "/")
     set_text(browser, "Hello there. " + LONG, mode="words", pace=150)
     click(browser, "speak")
-    wait_for(lambda: utterance(browser)["wordsAtFirstAudio"] is not None, "audio arrives", timeout=60)
+    wait_for(lambda: utterance_field(browser, "wordsAtFirstAudio") is not None, "audio arrives", timeout=60)
     u = utterance(browser)
     assert 2 <= u["wordsAtFirstAudio"] < u["wordsTotal"]
     wait_for(lambda: js(browser, "window.playground.played") > 0, "and is played")
     click(browser, "stop")
-    wait_for(lambda: utterance(browser)["closed"], "the session ends after Stop")
+    wait_for(lambda: utterance_field(browser, "closed"), "the session ends after Stop")
 
 
 def test_a_server_error_is_shown_and_the_page_keeps_working(server, browser):
@@ -196,7 +203,7 @@ def test_a_server_error_is_shown_and_the_page_keeps_working(server, browser):
     box = browser.find_element(By.ID, "error")
     wait_for(lambda: box.is_displayed(), "the error is shown")
     assert "refused" in box.text and "at most 4096 characters" in box.text
-    wait_for(lambda: utterance(browser)["closed"], "the session still ends normally")
+    wait_for(lambda: utterance_field(browser, "closed"), "the session still ends normally")
 
     set_text(browser, "Still working.")
     click(browser, "speak")
