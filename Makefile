@@ -53,6 +53,7 @@ test-fast: $(VENV)/.installed-dev migrate
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
 bench: install-dev migrate

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Django's command-line utility. `python manage.py test` runs the pytest suite."""
+
 import os
 import sys
 

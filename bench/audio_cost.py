@@ -65,6 +65,7 @@ SENTENCES = [
 
 # -- synthesis ---------------------------------------------------------------------------------------
 
+
 async def synthesise(engine, speed=1.0, passes=3):
     """(segments, median synthesis seconds): segments = one list of engine chunks per sentence."""
     voice = engine.capabilities.default_voice
@@ -84,6 +85,7 @@ def audio_seconds(segments, rate=ENGINE_RATE):
 
 
 # -- the pipeline's work -----------------------------------------------------------------------------
+
 
 def resample_only(segments, out_rate, stretch=1.0):
     out = 0
@@ -125,6 +127,7 @@ def timed(repeat, fn, *args):
 
 # -- report ------------------------------------------------------------------------------------------
 
+
 def verdict(ratio):
     return "PASS" if ratio < TARGET_RATIO else "FAIL"
 
@@ -135,8 +138,7 @@ async def run(repeat):
     segments, synth_s = await synthesise(engine)
     seconds = audio_seconds(segments)
     synth_ms = synth_s * 1000 / seconds  # per second of audio
-    print(f"{seconds:.1f} s of speech in {len(segments)} segments; synthesis {synth_ms:.2f} ms per second of audio",
-          flush=True)
+    print(f"{seconds:.1f} s of speech in {len(segments)} segments; synthesis {synth_ms:.2f} ms per second of audio", flush=True)
 
     rows = []
     resample_cache = {}
@@ -150,8 +152,11 @@ async def run(repeat):
             total_ms = total * 1000 / seconds
             ratio = total_ms / synth_ms
             rows.append((fmt, rate, out_rate, resample_ms, max(0.0, total_ms - resample_ms), total_ms, ratio))
-            print(f"{fmt:5s} {rate:5d} -> {out_rate:5d}: resample {resample_ms:6.2f}  total {total_ms:6.2f} ms/s  "
-                  f"ratio {ratio:5.2f}  {verdict(ratio)}", flush=True)
+            print(
+                f"{fmt:5s} {rate:5d} -> {out_rate:5d}: resample {resample_ms:6.2f}  total {total_ms:6.2f} ms/s  "
+                f"ratio {ratio:5.2f}  {verdict(ratio)}",
+                flush=True,
+            )
 
     # Time-stretch. The engine's plan (plan_speed over its speed range), then all-atempo from speed 1.0 audio.
     stretch_rows = []
@@ -165,25 +170,45 @@ async def run(repeat):
             cost = timed(repeat, resample_only, source, ENGINE_RATE, factor)
             out_seconds = resample_only(source, ENGINE_RATE, factor) / ENGINE_RATE
             ratio = cost / source_synth_s
-            stretch_rows.append((speed, label, audio_seconds(source), out_seconds, cost * 1000 / out_seconds,
-                                 source_synth_s * 1000 / out_seconds, ratio))
-            print(f"speed {speed:g} {label}: {cost * 1000 / out_seconds:.2f} ms per output second, ratio {ratio:.2f} "
-                  f"{verdict(ratio)}", flush=True)
+            stretch_rows.append(
+                (
+                    speed,
+                    label,
+                    audio_seconds(source),
+                    out_seconds,
+                    cost * 1000 / out_seconds,
+                    source_synth_s * 1000 / out_seconds,
+                    ratio,
+                )
+            )
+            print(
+                f"speed {speed:g} {label}: {cost * 1000 / out_seconds:.2f} ms per output second, ratio {ratio:.2f} "
+                f"{verdict(ratio)}",
+                flush=True,
+            )
     await engine.aclose()
     return seconds, len(segments), synth_ms, rows, stretch_rows
 
 
 def tables(rows, stretch_rows):
-    main = ["| format | rate asked | rate out | resample ms/s | encode ms/s | total ms/s | cost / synthesis | verdict |",
-            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    main = [
+        "| format | rate asked | rate out | resample ms/s | encode ms/s | total ms/s | cost / synthesis | verdict |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for fmt, rate, out_rate, resample_ms, encode_ms, total_ms, ratio in rows:
-        main.append(f"| {fmt} | {rate} | {out_rate} | {resample_ms:.2f} | {encode_ms:.2f} | {total_ms:.2f} | "
-                    f"{ratio:.3f} | {verdict(ratio)} |")
-    stretch = ["| speed | how | input s | output s | stretch ms per output s | synthesis ms per output s | "
-               "cost / synthesis | verdict |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+        main.append(
+            f"| {fmt} | {rate} | {out_rate} | {resample_ms:.2f} | {encode_ms:.2f} | {total_ms:.2f} | "
+            f"{ratio:.3f} | {verdict(ratio)} |"
+        )
+    stretch = [
+        "| speed | how | input s | output s | stretch ms per output s | synthesis ms per output s | cost / synthesis | verdict |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
     for speed, label, in_s, out_s, cost_ms, synth_ms, ratio in stretch_rows:
-        stretch.append(f"| {speed:g} | {label} | {in_s:.1f} | {out_s:.1f} | {cost_ms:.2f} | {synth_ms:.2f} | "
-                       f"{ratio:.3f} | {verdict(ratio)} |")
+        stretch.append(
+            f"| {speed:g} | {label} | {in_s:.1f} | {out_s:.1f} | {cost_ms:.2f} | {synth_ms:.2f} | "
+            f"{ratio:.3f} | {verdict(ratio)} |"
+        )
     return "\n".join(main), "\n".join(stretch)
 
 
@@ -206,30 +231,34 @@ def main(argv=None):
     print()
     print(stretch_table)
 
-    summary = (f"{passed} of {len(rows)} format/rate rows under {TARGET_RATIO:.0%} of synthesis time"
-               + (f"; over it: {', '.join(failed_formats)} (" + ", ".join(f"{f}@{r}" for f, r in failed) + ")"
-                  if failed else "") + ". "
-               + f"Time-stretch: {len(stretch_rows) - len(stretch_failed)} of {len(stretch_rows)} rows under target.")
-    section = "\n".join([
-        *header(SECTION, command),
-        f"* {seconds:.1f} s of Hibari speech ({count} sentences, seed {SEED}, 24 kHz) synthesised in-process by "
-        f"`HibariEngine(workers=1)`: **{synth_ms:.2f} ms of synthesis per second of audio** (median of 3 passes, "
-        "after warm-up). Each row runs every segment the pipeline's way: `Chain(24000, output_rate)` per segment "
-        "(`process` per engine chunk, then `flush`), then `RawEncoder` chunk by chunk (pcm, mulaw, alaw) or one "
-        f"`encode_file` per segment; median of {args.repeat} passes, in ms per second of audio. resample = the "
-        "chain alone, encode = total - resample. Target: total under "
-        f"{TARGET_RATIO:.0%} of the synthesis time of the same audio (cost / synthesis < {TARGET_RATIO:.2f}).",
-        "",
-        main_table,
-        "",
-        "Time-stretch (FFmpeg atempo via `Chain(24000, 24000, stretch)`), against the synthesis time of the audio "
-        "it stretches, per second of output:",
-        "",
-        stretch_table,
-        "",
-        f"Verdict: {summary}",
-        "",
-    ])
+    summary = (
+        f"{passed} of {len(rows)} format/rate rows under {TARGET_RATIO:.0%} of synthesis time"
+        + (f"; over it: {', '.join(failed_formats)} (" + ", ".join(f"{f}@{r}" for f, r in failed) + ")" if failed else "")
+        + ". "
+        + f"Time-stretch: {len(stretch_rows) - len(stretch_failed)} of {len(stretch_rows)} rows under target."
+    )
+    section = "\n".join(
+        [
+            *header(SECTION, command),
+            f"* {seconds:.1f} s of Hibari speech ({count} sentences, seed {SEED}, 24 kHz) synthesised in-process by "
+            f"`HibariEngine(workers=1)`: **{synth_ms:.2f} ms of synthesis per second of audio** (median of 3 passes, "
+            "after warm-up). Each row runs every segment the pipeline's way: `Chain(24000, output_rate)` per segment "
+            "(`process` per engine chunk, then `flush`), then `RawEncoder` chunk by chunk (pcm, mulaw, alaw) or one "
+            f"`encode_file` per segment; median of {args.repeat} passes, in ms per second of audio. resample = the "
+            "chain alone, encode = total - resample. Target: total under "
+            f"{TARGET_RATIO:.0%} of the synthesis time of the same audio (cost / synthesis < {TARGET_RATIO:.2f}).",
+            "",
+            main_table,
+            "",
+            "Time-stretch (FFmpeg atempo via `Chain(24000, 24000, stretch)`), against the synthesis time of the audio "
+            "it stretches, per second of output:",
+            "",
+            stretch_table,
+            "",
+            f"Verdict: {summary}",
+            "",
+        ]
+    )
     if not args.no_write:
         write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")

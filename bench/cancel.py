@@ -128,14 +128,20 @@ class Socket:
             if event["type"] == "audio.done":
                 done, done_at = event, item.at
             elif event["type"] == "input.cancelled":
-                return {"frames_after": frames, "last_frame_s": None if last_frame is None else last_frame - t0,
-                        "done_s": None if done_at is None else done_at - t0,
-                        "cut": bool(done and done["cancelled"]), "cancelled_s": item.at - t0, "event": event}
+                return {
+                    "frames_after": frames,
+                    "last_frame_s": None if last_frame is None else last_frame - t0,
+                    "done_s": None if done_at is None else done_at - t0,
+                    "cut": bool(done and done["cancelled"]),
+                    "cancelled_s": item.at - t0,
+                    "event": event,
+                }
             elif event["type"] != "audio.start":
                 raise RuntimeError(f"unexpected event after the cancel: {event}")
 
 
 # -- (1) local input.cancel --------------------------------------------------------------------------------
+
 
 async def local_trials(server, trials, rng):
     sock = await Socket.open(server.ws_url)
@@ -164,6 +170,7 @@ async def local_trials(server, trials, rng):
 
 
 # -- (2) REST cancel on B -> input.cancelled on A ------------------------------------------------------------
+
 
 class KeptAlive:
     """One HTTP/1.1 connection to B, reused for every request (from a worker thread)."""
@@ -209,12 +216,19 @@ async def cross_trials(a_server, b_server, trials):
 
 # -- statistics and report ------------------------------------------------------------------------------------
 
+
 def stats_ms(values):
     ms = np.asarray(values, dtype=np.float64) * 1000.0
     if ms.size == 0:
         return None
-    return {"n": int(ms.size), "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
-            "mean": float(ms.mean()), "min": float(ms.min()), "max": float(ms.max())}
+    return {
+        "n": int(ms.size),
+        "p50": float(np.percentile(ms, 50)),
+        "p99": float(np.percentile(ms, 99)),
+        "mean": float(ms.mean()),
+        "min": float(ms.min()),
+        "max": float(ms.max()),
+    }
 
 
 def table(rows):
@@ -223,8 +237,9 @@ def table(rows):
         if s is None:
             lines.append(f"| {name} | 0 | – | – | – | – | – |")
         else:
-            lines.append(f"| {name} | {s['n']} | {s['p50']:.2f} | {s['p99']:.2f} | {s['mean']:.2f} | {s['min']:.2f} "
-                         f"| {s['max']:.2f} |")
+            lines.append(
+                f"| {name} | {s['n']} | {s['p50']:.2f} | {s['p99']:.2f} | {s['mean']:.2f} | {s['min']:.2f} | {s['max']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -245,12 +260,16 @@ def frames_table(local):
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("| trials | " + " | ".join(str(totals[r]) for r in regimes) + " |")
     lines.append("| max | " + " | ".join(str(max(counts[r]) if counts[r] else "–") for r in regimes) + " |")
-    lines.append("| audio.done cancelled:true | " + " | ".join(
-        str(sum(1 for t in local if t["regime"] == r and t["cut"])) for r in regimes) + " |")
+    lines.append(
+        "| audio.done cancelled:true | "
+        + " | ".join(str(sum(1 for t in local if t["regime"] == r and t["cut"])) for r in regimes)
+        + " |"
+    )
     return "\n".join(lines)
 
 
 # -- main ---------------------------------------------------------------------------------------------------------
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -260,16 +279,23 @@ def main(argv=None):
     parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
     args = parser.parse_args(argv)
-    command = "python bench/cancel.py" + (f" --trials {args.trials}" if args.trials != 200 else "") + (
-        " --redis-url URL" if args.redis_url else "")
+    command = (
+        "python bench/cancel.py"
+        + (f" --trials {args.trials}" if args.trials != 200 else "")
+        + (" --redis-url URL" if args.redis_url else "")
+    )
 
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="bench-cancel-"))
     redis_server = None if args.redis_url else RedisServer().start()
     redis_url = args.redis_url or redis_server.url(0)
-    env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
-           "REDIS_URL": redis_url, "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
-           "MEDIA_ROOT": str(workdir / "media")}
+    env = {
+        "SPEECH_ENGINE": "hibari",
+        "SPEECH_REQUIRE_API_KEY": "false",
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+        "MEDIA_ROOT": str(workdir / "media"),
+    }
     servers = []
     try:
         a = DaphneServer({**env, "SPEECH_INSTANCE_ID": "bench-A"}).start()
@@ -300,13 +326,17 @@ def main(argv=None):
     local_rows = []
     for name, group in (("held", held_trials), ("burst", burst)):
         local_rows += [
-            (f"{name}: cancel -> last frame after it (trials with one)",
-             stats_ms([t["last_frame_s"] for t in group if t["last_frame_s"] is not None])),
+            (
+                f"{name}: cancel -> last frame after it (trials with one)",
+                stats_ms([t["last_frame_s"] for t in group if t["last_frame_s"] is not None]),
+            ),
             (f"{name}: cancel -> audio.done cancelled:true", stats_ms([t["done_s"] for t in group if t["cut"]])),
             (f"{name}: cancel -> input.cancelled", stats_ms([t["cancelled_s"] for t in group])),
         ]
-    cross_rows = [("REST cancel on B -> input.cancelled on A", stats_ms([t["cancelled_s"] for t in cross])),
-                  ("REST response (202) on B", stats_ms([t["rest_s"] for t in cross]))]
+    cross_rows = [
+        ("REST cancel on B -> input.cancelled on A", stats_ms([t["cancelled_s"] for t in cross])),
+        ("REST response (202) on B", stats_ms([t["rest_s"] for t in cross])),
+    ]
     worst_held = max(t["server_frames_after"] for t in held_trials)
     within = sum(1 for t in held_trials if t["server_frames_after"] <= TARGET_FRAMES_AFTER)
     local_verdict = "PASS" if worst_held <= TARGET_FRAMES_AFTER else "FAIL"
@@ -315,10 +345,12 @@ def main(argv=None):
 
     report_local = frames_table(local) + "\n\n" + table(local_rows)
     report_cross = table(cross_rows)
-    verdict = (f"Verdict: local (held) at most {TARGET_FRAMES_AFTER} frame sent by the server after input.cancel in "
-               f"{within}/{len(held_trials)} trials, worst {worst_held} **{local_verdict}**; "
-               f"cross-instance p99 {cross_p99:.2f} ms "
-               f"(target < {TARGET_CROSS_P99_MS:g} ms) **{cross_verdict}**.")
+    verdict = (
+        f"Verdict: local (held) at most {TARGET_FRAMES_AFTER} frame sent by the server after input.cancel in "
+        f"{within}/{len(held_trials)} trials, worst {worst_held} **{local_verdict}**; "
+        f"cross-instance p99 {cross_p99:.2f} ms "
+        f"(target < {TARGET_CROSS_P99_MS:g} ms) **{cross_verdict}**."
+    )
     print()
     print(report_local)
     print()
@@ -326,32 +358,34 @@ def main(argv=None):
     print()
     print(verdict)
 
-    section = "\n".join([
-        *header(SECTION, command),
-        f"* Run time: {elapsed:.0f} s",
-        "* Two daphne instances (`manage.py serve`, engine Hibari) sharing a "
-        f"temp SQLite database and {'a private redis-server' if redis_server else 'Redis'}; one reused WebSocket "
-        "session on A per part (pcm, stream_audio, a new utterance after every cancel). "
-        f"{WARM_UP} warm-up trials per part not counted; percentiles by linear interpolation.",
-        f"* (1) Local `input.cancel`, {len(local)} trials, alternating: *held* = the client read 1-8 frames, "
-        "then stopped reading until the server held the session (backpressure), then cancelled; the server's "
-        "own audio counter says what it sent after the cancel; *burst* = sent after the N-th frame of an "
-        "utterance, N = 1-40, while the server still pushes audio as fast as the client reads. The tables count "
-        "frames the client read after sending the cancel, which includes what was already in the socket "
-        "buffers (for information). Target: the server sends at most one frame after the cancel (held, every "
-        "trial).",
-        "",
-        report_local,
-        "",
-        f"* (2) Cross-instance, {len(cross)} trials: `POST /v1/audio/speech/sessions/<id>/cancel` on B over one "
-        "kept-alive HTTP connection while A's session is held mid-segment, from just before the request to "
-        "`input.cancelled` (origin server) on A's socket. Target: p99 < 50 ms.",
-        "",
-        report_cross,
-        "",
-        verdict,
-        "",
-    ])
+    section = "\n".join(
+        [
+            *header(SECTION, command),
+            f"* Run time: {elapsed:.0f} s",
+            "* Two daphne instances (`manage.py serve`, engine Hibari) sharing a "
+            f"temp SQLite database and {'a private redis-server' if redis_server else 'Redis'}; one reused WebSocket "
+            "session on A per part (pcm, stream_audio, a new utterance after every cancel). "
+            f"{WARM_UP} warm-up trials per part not counted; percentiles by linear interpolation.",
+            f"* (1) Local `input.cancel`, {len(local)} trials, alternating: *held* = the client read 1-8 frames, "
+            "then stopped reading until the server held the session (backpressure), then cancelled; the server's "
+            "own audio counter says what it sent after the cancel; *burst* = sent after the N-th frame of an "
+            "utterance, N = 1-40, while the server still pushes audio as fast as the client reads. The tables count "
+            "frames the client read after sending the cancel, which includes what was already in the socket "
+            "buffers (for information). Target: the server sends at most one frame after the cancel (held, every "
+            "trial).",
+            "",
+            report_local,
+            "",
+            f"* (2) Cross-instance, {len(cross)} trials: `POST /v1/audio/speech/sessions/<id>/cancel` on B over one "
+            "kept-alive HTTP connection while A's session is held mid-segment, from just before the request to "
+            "`input.cancelled` (origin server) on A's socket. Target: p99 < 50 ms.",
+            "",
+            report_cross,
+            "",
+            verdict,
+            "",
+        ]
+    )
     if not args.no_write:
         write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")

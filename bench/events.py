@@ -30,8 +30,9 @@ def encode(event):
 
 
 def done_literal():
-    return encode({"type": "audio.done", "id": SEGMENT_ID, "sentence_index": 3, "total_bytes": 48000, "error": False,
-                   "cancelled": False})
+    return encode(
+        {"type": "audio.done", "id": SEGMENT_ID, "sentence_index": 3, "total_bytes": 48000, "error": False, "cancelled": False}
+    )
 
 
 def done_model():
@@ -39,18 +40,29 @@ def done_model():
 
 
 def start_literal():
-    return encode({"type": "audio.start", "id": SEGMENT_ID, "sentence_index": 3, "sentence_text": "Hello there.",
-                   "format": "pcm", "sample_rate": 24000})
+    return encode(
+        {
+            "type": "audio.start",
+            "id": SEGMENT_ID,
+            "sentence_index": 3,
+            "sentence_text": "Hello there.",
+            "format": "pcm",
+            "sample_rate": 24000,
+        }
+    )
 
 
 def start_model():
-    return encode(AudioStart(id=SEGMENT_ID, sentence_index=3, sentence_text="Hello there.", format="pcm",
-                             sample_rate=24000).dump())
+    return encode(
+        AudioStart(id=SEGMENT_ID, sentence_index=3, sentence_text="Hello there.", format="pcm", sample_rate=24000).dump()
+    )
 
 
 def read_config():
-    return parse_config({"type": "session.config", "session": {"voice": "alt", "response_format": "pcm",
-                                                               "speed": 1.25, "stream_audio": True}}, CAPS)
+    return parse_config(
+        {"type": "session.config", "session": {"voice": "alt", "response_format": "pcm", "speed": 1.25, "stream_audio": True}},
+        CAPS,
+    )
 
 
 def per_call_us(function, number):
@@ -63,17 +75,25 @@ def main():
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args()
     assert done_literal() == done_model() and start_literal() == start_model()  # the same bytes on the wire
-    rows = [("audio.done, dict literal + json.dumps", per_call_us(done_literal, args.number)),
-            ("audio.done, AudioDone(...).dump() + json.dumps", per_call_us(done_model, args.number)),
-            ("audio.start, dict literal + json.dumps", per_call_us(start_literal, args.number)),
-            ("audio.start, AudioStart(...).dump() + json.dumps", per_call_us(start_model, args.number)),
-            ("session.config read (parse_config, nested, 4 fields)", per_call_us(read_config, args.number // 5))]
+    rows = [
+        ("audio.done, dict literal + json.dumps", per_call_us(done_literal, args.number)),
+        ("audio.done, AudioDone(...).dump() + json.dumps", per_call_us(done_model, args.number)),
+        ("audio.start, dict literal + json.dumps", per_call_us(start_literal, args.number)),
+        ("audio.start, AudioStart(...).dump() + json.dumps", per_call_us(start_model, args.number)),
+        ("session.config read (parse_config, nested, 4 fields)", per_call_us(read_config, args.number // 5)),
+    ]
     table = "\n".join(["| what | µs per call |", "|---|---|", *(f"| {what} | {us:.2f} |" for what, us in rows)])
     print(table)
     command = "python bench/events.py" + (f" --number {args.number}" if args.number != 50000 else "")
-    section = "\n".join([*header(SECTION, command),
-                         "* Best of 5 timeit runs, in-process; one audio.start and one audio.done per segment.",
-                         "", table, ""])
+    section = "\n".join(
+        [
+            *header(SECTION, command),
+            "* Best of 5 timeit runs, in-process; one audio.start and one audio.done per segment.",
+            "",
+            table,
+            "",
+        ]
+    )
     if not args.no_write:
         write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")

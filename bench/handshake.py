@@ -59,6 +59,7 @@ async def at_once(url, n):
     """n sockets opened first, then every session.config sent in the same loop turn."""
     sockets = [await open_session(url) for _ in range(n)]
     try:
+
         async def handshake(ws):
             t0 = time.perf_counter()
             await ws.send(CONFIG)
@@ -92,10 +93,15 @@ async def layer_costs(url, trials):
     from speech.control.layer import SpeechChannelLayer
 
     rows = []
-    for name, layer in (("core (speech/control/layer.py)", SpeechChannelLayer(hosts=[url], prefix="bench-core")),
-                        ("pub/sub", RedisPubSubChannelLayer(hosts=[url], prefix="bench-pubsub"))):
-        sender = SpeechChannelLayer(hosts=[url], prefix="bench-core") if name.startswith("core") else \
-            RedisPubSubChannelLayer(hosts=[url], prefix="bench-pubsub")
+    for name, layer in (
+        ("core (speech/control/layer.py)", SpeechChannelLayer(hosts=[url], prefix="bench-core")),
+        ("pub/sub", RedisPubSubChannelLayer(hosts=[url], prefix="bench-pubsub")),
+    ):
+        sender = (
+            SpeechChannelLayer(hosts=[url], prefix="bench-core")
+            if name.startswith("core")
+            else RedisPubSubChannelLayer(hosts=[url], prefix="bench-pubsub")
+        )
         joins, round_trips = [], []
         for trial in range(-WARM_UP, trials):
             channel = await layer.new_channel()
@@ -123,16 +129,23 @@ async def layer_costs(url, trials):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=200, help="handshakes per server, one at a time")
-    parser.add_argument("--engine", default="fake", help="SPEECH_ENGINE of the servers (the handshake does not "
-                                                         "synthesise; fake keeps the machine quiet)")
+    parser.add_argument(
+        "--engine",
+        default="fake",
+        help="SPEECH_ENGINE of the servers (the handshake does not synthesise; fake keeps the machine quiet)",
+    )
     parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     args = parser.parse_args(argv)
     command = f"python bench/handshake.py --sessions {args.sessions} --engine {args.engine}"
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="bench-handshake-"))
     redis_server = RedisServer().start()
-    env = {"SPEECH_ENGINE": args.engine, "SPEECH_REQUIRE_API_KEY": "false",
-           "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}", "MEDIA_ROOT": str(workdir / "media")}
+    env = {
+        "SPEECH_ENGINE": args.engine,
+        "SPEECH_REQUIRE_API_KEY": "false",
+        "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+        "MEDIA_ROOT": str(workdir / "media"),
+    }
     rows = []
     try:
         for name, extra in (("in-memory layer", {}), ("channels-redis layer", {"REDIS_URL": redis_server.url(0)})):
@@ -156,25 +169,27 @@ def main(argv=None):
     print(report)
     print()
     print(report_layers)
-    section = "\n".join([
-        *header(SECTION, command),
-        f"* Run time: {time.monotonic() - started:.0f} s",
-        f"* (1) `session.config` -> `session.configured` on a real socket, daphne `manage.py serve`, engine "
-        f"{args.engine}, no API key, builtin voice; {WARM_UP} warm-up handshakes not counted. The "
-        "channels-redis server joins `speech.session.<id>` on a private redis-server before answering; the "
-        "registry row is written after it. Targets: p50 <= 1.5 ms, p99 <= 3 ms; 20 at once p50 <= 10 ms; "
-        "joining the group adds at most 1 ms at p50.",
-        "",
-        report,
-        "",
-        "* (2) The two channels-redis layers, in-process, on the same private redis-server: `group_add` "
-        "(a handshake waits for it) and `group_send` -> `receive` on another layer object (a cancel waits "
-        "for it). The pub/sub layer's `group_add` returns once SUBSCRIBE is written, before Redis has "
-        "processed it.",
-        "",
-        report_layers,
-        "",
-    ])
+    section = "\n".join(
+        [
+            *header(SECTION, command),
+            f"* Run time: {time.monotonic() - started:.0f} s",
+            f"* (1) `session.config` -> `session.configured` on a real socket, daphne `manage.py serve`, engine "
+            f"{args.engine}, no API key, builtin voice; {WARM_UP} warm-up handshakes not counted. The "
+            "channels-redis server joins `speech.session.<id>` on a private redis-server before answering; the "
+            "registry row is written after it. Targets: p50 <= 1.5 ms, p99 <= 3 ms; 20 at once p50 <= 10 ms; "
+            "joining the group adds at most 1 ms at p50.",
+            "",
+            report,
+            "",
+            "* (2) The two channels-redis layers, in-process, on the same private redis-server: `group_add` "
+            "(a handshake waits for it) and `group_send` -> `receive` on another layer object (a cancel waits "
+            "for it). The pub/sub layer's `group_add` returns once SUBSCRIBE is written, before Redis has "
+            "processed it.",
+            "",
+            report_layers,
+            "",
+        ]
+    )
     if not args.no_write:
         write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")

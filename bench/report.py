@@ -46,8 +46,10 @@ def write_section(heading, section_text):
     if RESULTS.exists():
         text = RESULTS.read_text()
     else:
-        text = ("# Benchmark results\n\nWritten by the scripts in `bench/` (`make bench`); each script replaces "
-                "only its own section.\n")
+        text = (
+            "# Benchmark results\n\nWritten by the scripts in `bench/` (`make bench`); each script replaces "
+            "only its own section.\n"
+        )
     pattern = re.compile(r"^" + re.escape(heading) + r"\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section_text, text, count=1)

@@ -52,10 +52,24 @@ from tests.support.stress_load import (  # noqa: E402
 
 SECTION = "## Stress (bench/stress.py)"
 MB = 1e6
-FULL = {"fuzz": 10_000, "disconnects": 1_000, "idle": 1_000, "stalled": (20, 30.0), "burst": (40, 60),
-        "configs": (20, 16 * 1024 * 1024 - 64), "redis": (8, 20)}
-REDUCED = {"fuzz": 600, "disconnects": 60, "idle": 60, "stalled": (5, 4.0), "burst": (6, 6),
-           "configs": (20, 16 * 1024 * 1024 - 64), "redis": (3, 6)}
+FULL = {
+    "fuzz": 10_000,
+    "disconnects": 1_000,
+    "idle": 1_000,
+    "stalled": (20, 30.0),
+    "burst": (40, 60),
+    "configs": (20, 16 * 1024 * 1024 - 64),
+    "redis": (8, 20),
+}
+REDUCED = {
+    "fuzz": 600,
+    "disconnects": 60,
+    "idle": 60,
+    "stalled": (5, 4.0),
+    "burst": (6, 6),
+    "configs": (20, 16 * 1024 * 1024 - 64),
+    "redis": (3, 6),
+}
 SERVER_ENV = {"SPEECH_ENGINE_WORKERS": "2"}
 
 
@@ -88,9 +102,17 @@ def measure(server, watch, name, size, run):
     settle(server, watch)
     after = watch.snapshot()
     probe_after = asyncio.run(probe_first_audio(server.ws_url))
-    row = {"name": name, "size": size, "tally": tally, "notes": notes, "before": before, "peak": peak["peak"],
-           "after": after, "tracebacks": tracebacks(server) - traces,
-           "probe": (probe_before * 1000, probe_after * 1000)}
+    row = {
+        "name": name,
+        "size": size,
+        "tally": tally,
+        "notes": notes,
+        "before": before,
+        "peak": peak["peak"],
+        "after": after,
+        "tracebacks": tracebacks(server) - traces,
+        "probe": (probe_before * 1000, probe_after * 1000),
+    }
     print(format_row(row), flush=True)
     for problem in tally.problems[:10]:
         print("   outside the contract:", problem)
@@ -101,13 +123,16 @@ def format_row(row):
     t, b, a = row["tally"], row["before"], row["after"]
     change = (a["rss"] - b["rss"]) / b["rss"] * 100
     lost = f"{t.lost} of {t.accepted}" if t.accepted else "-"
-    return (f"| {row['name']} | {row['size']} | {row['tracebacks']} | {len(t.problems)} | {lost} | {t.refused} | "
-            f"{b['rss'] / MB:.0f} / {row['peak'] / MB:.0f} / {a['rss'] / MB:.0f} | {change:+.1f} % | "
-            f"{b['fds']} / {a['fds']} | {b['threads']} / {a['threads']} | "
-            f"{row['probe'][0]:.0f} / {row['probe'][1]:.0f} | {row['notes']} |")
+    return (
+        f"| {row['name']} | {row['size']} | {row['tracebacks']} | {len(t.problems)} | {lost} | {t.refused} | "
+        f"{b['rss'] / MB:.0f} / {row['peak'] / MB:.0f} / {a['rss'] / MB:.0f} | {change:+.1f} % | "
+        f"{b['fds']} / {a['fds']} | {b['threads']} / {a['threads']} | "
+        f"{row['probe'][0]:.0f} / {row['probe'][1]:.0f} | {row['notes']} |"
+    )
 
 
 # -- scenarios -----------------------------------------------------------------------------------------
+
 
 def run_fuzz(server, watch, rng, frames):
     tally = asyncio.run(fuzz(server.ws_url, rng, frames))
@@ -174,7 +199,8 @@ async def cancel_back(server, timeout=60.0):
             while (await recv_item(ws)).kind != "audio":
                 pass
             request = urllib.request.Request(
-                f"{server.http_url}/v1/audio/speech/sessions/{configured['session_id']}/cancel", method="POST")
+                f"{server.http_url}/v1/audio/speech/sessions/{configured['session_id']}/cancel", method="POST"
+            )
             try:
                 status = await asyncio.to_thread(lambda r=request: urllib.request.urlopen(r, timeout=10).status)
             except urllib.error.HTTPError as exc:
@@ -194,15 +220,22 @@ async def cancel_back(server, timeout=60.0):
 
 # -- soak ------------------------------------------------------------------------------------------------
 
+
 def soak(server, watch, minutes, rng):
     """A steady mix (speaking sessions, fuzz, disconnects, a large config) for `minutes`; RSS sampled
     after each round once the server is idle. The slope is a least-squares fit in MB per hour."""
     samples = []
     started = time.monotonic()
     while time.monotonic() - started < minutes * 60:
+
         async def round_():
-            await asyncio.gather(overload_burst(server.ws_url, 6, 10), fuzz(server.ws_url, rng, 200),
-                                 disconnects(server, rng, 20), large_configs(server.ws_url, 2, 4 * 1024 * 1024))
+            await asyncio.gather(
+                overload_burst(server.ws_url, 6, 10),
+                fuzz(server.ws_url, rng, 200),
+                disconnects(server, rng, 20),
+                large_configs(server.ws_url, 2, 4 * 1024 * 1024),
+            )
+
         asyncio.run(round_())
         settle(server, watch)
         samples.append(((time.monotonic() - started) / 3600, watch.rss() / MB))
@@ -217,9 +250,11 @@ def soak(server, watch, minutes, rng):
 
 # -- main --------------------------------------------------------------------------------------------------
 
-HEAD = ("| scenario | size | tracebacks | outside contract | sentences lost | refused at handshake | "
-        "RSS before / peak / after (MB) | after vs before | fds before / after | threads before / after | "
-        "probe first audio before / after (ms) | notes |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEAD = (
+    "| scenario | size | tracebacks | outside contract | sentences lost | refused at handshake | "
+    "RSS before / peak / after (MB) | after vs before | fds before / after | threads before / after | "
+    "probe first audio before / after (ms) | notes |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main():
@@ -238,32 +273,52 @@ def main():
             watch = ProcWatch(server.proc.pid)
             if args.soak:
                 samples, slope = soak(server, watch, args.soak, rng)
-                print(f"soak: {len(samples)} rounds in {args.soak} min, RSS {samples[0][1]:.0f} -> {samples[-1][1]:.0f} MB, "
-                      f"slope {slope:+.1f} MB/hour")
+                print(
+                    f"soak: {len(samples)} rounds in {args.soak} min, RSS {samples[0][1]:.0f} -> {samples[-1][1]:.0f} MB, "
+                    f"slope {slope:+.1f} MB/hour"
+                )
                 return
             rows = []
             chosen = args.only or list(FULL)
             print(HEAD)
             steps = {
-                "fuzz": lambda: ("fuzz", f"{sizes['fuzz']} frames",
-                                 lambda: run_fuzz(server, watch, rng, sizes["fuzz"])),
-                "disconnects": lambda: ("abrupt disconnects", f"{sizes['disconnects']} clients",
-                                        lambda: run_disconnects(server, watch, rng, sizes["disconnects"])),
+                "fuzz": lambda: ("fuzz", f"{sizes['fuzz']} frames", lambda: run_fuzz(server, watch, rng, sizes["fuzz"])),
+                "disconnects": lambda: (
+                    "abrupt disconnects",
+                    f"{sizes['disconnects']} clients",
+                    lambda: run_disconnects(server, watch, rng, sizes["disconnects"]),
+                ),
                 "idle": lambda: ("idle sessions", f"{sizes['idle']} sessions", lambda: run_idle(server, watch, sizes["idle"])),
-                "burst": lambda: ("overload burst", "{} sessions x {} sentences".format(*sizes["burst"]),
-                                  lambda: run_burst(server, watch, *sizes["burst"])),
-                "configs": lambda: ("large configs", "{} x {:.0f} MiB".format(sizes["configs"][0], sizes["configs"][1] / 2**20),
-                                    lambda: run_configs(server, watch, *sizes["configs"])),
-                "redis": lambda: ("Redis kill + empty restart", "{} sessions x {} sentences".format(*sizes["redis"]),
-                                  lambda: run_redis(server, watch, redis_server, *sizes["redis"])),
+                "burst": lambda: (
+                    "overload burst",
+                    "{} sessions x {} sentences".format(*sizes["burst"]),
+                    lambda: run_burst(server, watch, *sizes["burst"]),
+                ),
+                "configs": lambda: (
+                    "large configs",
+                    "{} x {:.0f} MiB".format(sizes["configs"][0], sizes["configs"][1] / 2**20),
+                    lambda: run_configs(server, watch, *sizes["configs"]),
+                ),
+                "redis": lambda: (
+                    "Redis kill + empty restart",
+                    "{} sessions x {} sentences".format(*sizes["redis"]),
+                    lambda: run_redis(server, watch, redis_server, *sizes["redis"]),
+                ),
             }
             for name in chosen:
                 if name == "stalled":
                     count, seconds = sizes["stalled"]
                     for keepalive in (False, True):
                         label = "stalled readers, " + ("keep-alives" if keepalive else "silent")
-                        rows.append(measure(server, watch, label, f"{count} sessions",
-                                            lambda k=keepalive, n=count, s=seconds: run_stalled(server, watch, n, s, k)))
+                        rows.append(
+                            measure(
+                                server,
+                                watch,
+                                label,
+                                f"{count} sessions",
+                                lambda k=keepalive, n=count, s=seconds: run_stalled(server, watch, n, s, k),
+                            )
+                        )
                     continue
                 label, size, run = steps[name]()
                 rows.append(measure(server, watch, label, size, run))
@@ -273,11 +328,17 @@ def main():
         redis_server.cleanup()
     if not args.no_write:
         command = "python bench/stress.py" + (" --reduced" if args.reduced else "")
-        lines = header(SECTION, command) + [
-            "* Server: `manage.py serve`, Hibari, SPEECH_ENGINE_WORKERS=2, private Redis; "
-            "RSS after = once the registry shows no session and RSS has settled.",
-            *(["* Reduced sizes (`--reduced`): proves the script works; not figures of record."] if args.reduced else []),
-            "", HEAD] + [format_row(row) for row in rows]
+        lines = (
+            header(SECTION, command)
+            + [
+                "* Server: `manage.py serve`, Hibari, SPEECH_ENGINE_WORKERS=2, private Redis; "
+                "RSS after = once the registry shows no session and RSS has settled.",
+                *(["* Reduced sizes (`--reduced`): proves the script works; not figures of record."] if args.reduced else []),
+                "",
+                HEAD,
+            ]
+            + [format_row(row) for row in rows]
+        )
         write_section(SECTION, "\n".join(lines) + "\n")
 
 

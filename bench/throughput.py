@@ -76,6 +76,7 @@ def segments(text):
 
 # -- the raw engine, in this process ----------------------------------------------------------------
 
+
 async def engine_session(engine, texts, t0):
     from speech.engines import SynthesisRequest
 
@@ -97,6 +98,7 @@ async def engine_round(engine, texts, c):
 
 
 # -- the server ------------------------------------------------------------------------------------
+
 
 async def configured_session(url, config):
     ws = await open_session(url)
@@ -136,8 +138,7 @@ async def paragraph_part(args, lines):
     engine = HibariEngine(workers=args.workers)
     await engine.warm_up()
     texts = segments(PARAGRAPH)
-    data = {c: {"server": [], "engine": [], "s_first": [], "e_first": [], "s_last": [], "e_last": []}
-            for c in CONCURRENCY}
+    data = {c: {"server": [], "engine": [], "s_first": [], "e_first": [], "s_last": [], "e_last": []} for c in CONCURRENCY}
     with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
         for c in CONCURRENCY:  # warm both sides at every concurrency
             await server_round(server.ws_url, c)
@@ -156,26 +157,36 @@ async def paragraph_part(args, lines):
                     data[c][f"{key}_last"] += [x[1] * 1000 for x in results]
         server.assert_no_traceback()
     await engine.aclose()
-    lines += ["", f"### Paragraph ({len(texts)} sentences) and concurrency, Hibari, {args.workers} workers, "
-              f"{args.rounds} interleaved rounds", "",
-              "| C | server audio s / wall s | engine audio s / wall s | server / engine | "
-              "first audio p50 server / engine (ms) | last audio p50 server / engine (ms) |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"### Paragraph ({len(texts)} sentences) and concurrency, Hibari, {args.workers} workers, "
+        f"{args.rounds} interleaved rounds",
+        "",
+        "| C | server audio s / wall s | engine audio s / wall s | server / engine | "
+        "first audio p50 server / engine (ms) | last audio p50 server / engine (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in CONCURRENCY:
         d = data[c]
         s, e = np.median(d["server"]), np.median(d["engine"])
-        lines.append(f"| {c} | {s:.1f} | {e:.1f} | {s / e:.2f} | {pct(d['s_first'], 50):.1f} / "
-                     f"{pct(d['e_first'], 50):.1f} ({pct(d['s_first'], 50) / pct(d['e_first'], 50):.2f}x) | "
-                     f"{pct(d['s_last'], 50):.1f} / {pct(d['e_last'], 50):.1f} |")
+        lines.append(
+            f"| {c} | {s:.1f} | {e:.1f} | {s / e:.2f} | {pct(d['s_first'], 50):.1f} / "
+            f"{pct(d['e_first'], 50):.1f} ({pct(d['s_first'], 50) / pct(d['e_first'], 50):.2f}x) | "
+            f"{pct(d['s_last'], 50):.1f} / {pct(d['e_last'], 50):.1f} |"
+        )
     one = data[1]
-    lines += ["", f"* Paragraph at C = 1: first audio {pct(one['s_first'], 50) - pct(one['e_first'], 50):+.1f} ms "
-              f"against the engine's first chunk (target <= 3 ms); last audio "
-              f"{pct(one['s_last'], 50) - pct(one['e_last'], 50):+.1f} ms against the engine's last chunk "
-              "(target <= 10 ms), p50.",
-              "* Targets: server / engine >= 0.95 at every C; first audio per session at C = 4, 8 at most 1.1x."]
+    lines += [
+        "",
+        f"* Paragraph at C = 1: first audio {pct(one['s_first'], 50) - pct(one['e_first'], 50):+.1f} ms "
+        f"against the engine's first chunk (target <= 3 ms); last audio "
+        f"{pct(one['s_last'], 50) - pct(one['e_last'], 50):+.1f} ms against the engine's last chunk "
+        "(target <= 10 ms), p50.",
+        "* Targets: server / engine >= 0.95 at every C; first audio per session at C = 4, 8 at most 1.1x.",
+    ]
 
 
 # -- delivery cost ---------------------------------------------------------------------------------
+
 
 async def player(url, text):
     """A client that plays at real time with a 1 s buffer: it reads while its buffer is short."""
@@ -203,9 +214,14 @@ async def delivery_part(args, lines):
     text = sentence * max(1, round(DELIVERY_AUDIO_S * 15 / len(sentence)))
     os.sched_setaffinity(0, {1})
     env = {"SPEECH_ENGINE": "fake", "SPEECH_IDLE_TIMEOUT_S": "120"}
-    lines += ["", f"### Delivery cost (test-double engine, daphne on one core, readers at real time with a "
-              f"{PLAYER_BUFFER_S:g} s buffer, ~{DELIVERY_AUDIO_S:g} s of audio each)", "",
-              "| sessions | slowest audio s / wall s | p5 | median | server CPU % |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"### Delivery cost (test-double engine, daphne on one core, readers at real time with a "
+        f"{PLAYER_BUFFER_S:g} s buffer, ~{DELIVERY_AUDIO_S:g} s of audio each)",
+        "",
+        "| sessions | slowest audio s / wall s | p5 | median | server CPU % |",
+        "|---|---|---|---|---|",
+    ]
     with DaphneServer(env) as server:
         os.sched_setaffinity(server.proc.pid, {0})
         for n in args.delivery or DELIVERY_SESSIONS:
@@ -223,6 +239,7 @@ async def delivery_part(args, lines):
 
 
 # -- stalled readers -------------------------------------------------------------------------------
+
 
 def rss_mib(pid):
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -268,17 +285,20 @@ async def stalled_part(args, lines):
         await asyncio.sleep(5)  # the server notices the aborted connections and ends their sessions
         after = rss_mib(pid)
         server.assert_no_traceback()
-    lines += ["", f"### Stalled readers ({STALLED_SESSIONS} sessions x {STALLED_SENTENCES} sentences, never read, "
-              f"half sending a keep-alive every {KEEPALIVE_S:g} s, {STALL_S:g} s)", "",
-              f"* server RSS: before {before:.0f} MiB, mid-stall {rss_mid:.0f} MiB, end of stall {held:.0f} MiB "
-              f"({(held - before) / STALLED_SESSIONS * 1024:.0f} KiB a session; target <= 1024), "
-              f"after they left {after:.0f} MiB",
-              f"* server CPU in the stall's second half: {cpu_late:.2f} s over {STALL_S / 2:g} s "
-              "(synthesis stopped after the look-ahead)"]
+    lines += [
+        "",
+        f"### Stalled readers ({STALLED_SESSIONS} sessions x {STALLED_SENTENCES} sentences, never read, "
+        f"half sending a keep-alive every {KEEPALIVE_S:g} s, {STALL_S:g} s)",
+        "",
+        f"* server RSS: before {before:.0f} MiB, mid-stall {rss_mid:.0f} MiB, end of stall {held:.0f} MiB "
+        f"({(held - before) / STALLED_SESSIONS * 1024:.0f} KiB a session; target <= 1024), "
+        f"after they left {after:.0f} MiB",
+        f"* server CPU in the stall's second half: {cpu_late:.2f} s over {STALL_S / 2:g} s "
+        "(synthesis stopped after the look-ahead)",
+    ]
 
 
-PARTS = {"paragraph": paragraph_part, "delivery": delivery_part,
-         "stalled": stalled_part}
+PARTS = {"paragraph": paragraph_part, "delivery": delivery_part, "stalled": stalled_part}
 
 
 async def main():

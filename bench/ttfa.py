@@ -112,12 +112,12 @@ def split_final_mark(sentence):
 
 # -- socket side -----------------------------------------------------------------------------------
 
+
 async def socket_ttfa(url, sentence):
     body, tail = split_final_mark(sentence)
     ws = await open_session(url)
     try:
-        await ws.send(json.dumps({"type": "session.config", "session": {"response_format": "pcm",
-                                                                       "stream_audio": True}}))
+        await ws.send(json.dumps({"type": "session.config", "session": {"response_format": "pcm", "stream_audio": True}}))
         configured = await recv_item(ws)
         assert configured.data["type"] == "session.configured", configured
         await ws.send(json.dumps({"type": "input.text", "text": body}))
@@ -138,6 +138,7 @@ async def socket_ttfa(url, sentence):
 
 
 # -- engine side -----------------------------------------------------------------------------------
+
 
 def build_engine(workers):
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
@@ -165,10 +166,16 @@ async def engine_first_chunk(engine, sentence):
 
 # -- statistics and report -------------------------------------------------------------------------
 
+
 def stats_ms(values):
     ms = np.asarray(values, dtype=np.float64) * 1000.0
-    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "mean": float(ms.mean()),
-            "min": float(ms.min()), "max": float(ms.max())}
+    return {
+        "p50": float(np.percentile(ms, 50)),
+        "p99": float(np.percentile(ms, 99)),
+        "mean": float(ms.mean()),
+        "min": float(ms.min()),
+        "max": float(ms.max()),
+    }
 
 
 def table(rows):
@@ -179,6 +186,7 @@ def table(rows):
 
 
 # -- main --------------------------------------------------------------------------------------------
+
 
 async def measure(url, engine, sentences, warm_up, repeat=1):
     """Per sentence: engine (a), socket, engine (b) — `repeat` times. The engine figure of a round is
@@ -200,8 +208,11 @@ async def measure(url, engine, sentences, warm_up, repeat=1):
         socket_times.append(ttfa)
         engine_times.append(eng)
         jitter.append(jit)
-        print(f"{i + 1:3d}/{len(sentences)}  ttfa {ttfa * 1000:7.2f} ms  engine {eng * 1000:7.2f} ms  "
-              f"(jitter {jit * 1000:5.2f})  overhead {(ttfa - eng) * 1000:6.2f} ms  {sentence}", flush=True)
+        print(
+            f"{i + 1:3d}/{len(sentences)}  ttfa {ttfa * 1000:7.2f} ms  engine {eng * 1000:7.2f} ms  "
+            f"(jitter {jit * 1000:5.2f})  overhead {(ttfa - eng) * 1000:6.2f} ms  {sentence}",
+            flush=True,
+        )
     return socket_times, engine_times, jitter
 
 
@@ -209,10 +220,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sentences", type=int, default=50, help="how many sentences (the list repeats past 50)")
     parser.add_argument("--port", type=int, default=None, help="port for the daphne this script starts")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="synthesis threads, of the in-process engine and of the server alike")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="rounds per sentence; a sentence's figures are the medians of its rounds")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="synthesis threads, of the in-process engine and of the server alike"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds per sentence; a sentence's figures are the medians of its rounds"
+    )
     parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
     args = parser.parse_args(argv)
@@ -220,13 +233,18 @@ def main(argv=None):
     sentences = [SENTENCES[i % len(SENTENCES)] for i in range(args.sentences)]
     warm_up = ["Warming up the socket path.", "One more warm up sentence, please.", "Ready to measure now."]
     warm_up = warm_up[:WARM_UP_ROUNDS]
-    command = "python bench/ttfa.py" + (f" --sentences {args.sentences}" if args.sentences != 50 else "") + (
-        f" --port {args.port}" if args.port else "") + (f" --repeat {args.repeat}" if args.repeat != 1 else "")
+    command = (
+        "python bench/ttfa.py"
+        + (f" --sentences {args.sentences}" if args.sentences != 50 else "")
+        + (f" --port {args.port}" if args.port else "")
+        + (f" --repeat {args.repeat}" if args.repeat != 1 else "")
+    )
 
     engine = build_engine(args.workers)
     asyncio.run(engine.warm_up())
-    server = DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers),
-                           "SPEECH_REQUIRE_API_KEY": "false"}, port=args.port)
+    server = DaphneServer(
+        {"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers), "SPEECH_REQUIRE_API_KEY": "false"}, port=args.port
+    )
     with server:
         socket_times, engine_times, jitter = asyncio.run(measure(server.ws_url, engine, sentences, warm_up, args.repeat))
     asyncio.run(engine.aclose())
@@ -241,31 +259,39 @@ def main(argv=None):
     verdict_p50 = "PASS" if over_s["p50"] <= TARGET_P50_MS else "FAIL"
     verdict_p99 = "PASS" if over_s["p99"] <= TARGET_P99_MS else "FAIL"
 
-    report = table([("socket TTFA", ttfa_s), ("engine first chunk (mean of 2 runs)", engine_s),
-                    ("overhead (TTFA - engine)", over_s), ("engine run-to-run jitter (noise floor)", jitter_s)])
+    report = table(
+        [
+            ("socket TTFA", ttfa_s),
+            ("engine first chunk (mean of 2 runs)", engine_s),
+            ("overhead (TTFA - engine)", over_s),
+            ("engine run-to-run jitter (noise floor)", jitter_s),
+        ]
+    )
     print()
     print(report)
     print(f"\noverhead p50 {over_s['p50']:.2f} ms (target <= {TARGET_P50_MS:g} ms): {verdict_p50}")
     print(f"overhead p99 {over_s['p99']:.2f} ms (target <= {TARGET_P99_MS:g} ms): {verdict_p99}")
 
-    section = "\n".join([
-        *header(SECTION, command),
-        f"* {len(sentences)} sentences of 5-20 words, one fresh WebSocket session each (pcm, stream_audio); "
-        "TTFA from sending the frame that completes the segment (the final mark) to the first binary frame. "
-        f"Engine: in-process `HibariEngine(workers={args.workers})` (the server runs with "
-        f"SPEECH_ENGINE_WORKERS={args.workers}), call to first chunk. Interleaved per "
-        "sentence: engine, socket, engine again (never two at once, so they never share the cores); the "
-        "sentence's engine figure is the mean of its two runs and their difference is the jitter row. "
-        + (f"{args.repeat} rounds per sentence, medians per sentence. " if args.repeat > 1 else "")
-        + f"{len(warm_up)} warm-up rounds not counted; percentiles by linear interpolation.",
-        "",
-        report,
-        "",
-        f"Verdict (overhead = TTFA - engine first chunk, same sentence): p50 {over_s['p50']:.2f} ms "
-        f"(target <= {TARGET_P50_MS:g} ms) **{verdict_p50}**; p99 {over_s['p99']:.2f} ms "
-        f"(target <= {TARGET_P99_MS:g} ms) **{verdict_p99}**.",
-        "",
-    ])
+    section = "\n".join(
+        [
+            *header(SECTION, command),
+            f"* {len(sentences)} sentences of 5-20 words, one fresh WebSocket session each (pcm, stream_audio); "
+            "TTFA from sending the frame that completes the segment (the final mark) to the first binary frame. "
+            f"Engine: in-process `HibariEngine(workers={args.workers})` (the server runs with "
+            f"SPEECH_ENGINE_WORKERS={args.workers}), call to first chunk. Interleaved per "
+            "sentence: engine, socket, engine again (never two at once, so they never share the cores); the "
+            "sentence's engine figure is the mean of its two runs and their difference is the jitter row. "
+            + (f"{args.repeat} rounds per sentence, medians per sentence. " if args.repeat > 1 else "")
+            + f"{len(warm_up)} warm-up rounds not counted; percentiles by linear interpolation.",
+            "",
+            report,
+            "",
+            f"Verdict (overhead = TTFA - engine first chunk, same sentence): p50 {over_s['p50']:.2f} ms "
+            f"(target <= {TARGET_P50_MS:g} ms) **{verdict_p50}**; p99 {over_s['p99']:.2f} ms "
+            f"(target <= {TARGET_P99_MS:g} ms) **{verdict_p99}**.",
+            "",
+        ]
+    )
     if not args.no_write:
         write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")

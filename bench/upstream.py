@@ -54,8 +54,9 @@ async def measure_once(url, sentence):
     body, tail = split_final_mark(sentence)
     ws = await open_session(url)
     try:
-        await ws.send(json.dumps({"type": "session.config", "session": {
-            "response_format": "pcm", "stream_audio": True, "seed": SEED}}))
+        await ws.send(
+            json.dumps({"type": "session.config", "session": {"response_format": "pcm", "stream_audio": True, "seed": SEED}})
+        )
         configured = await recv_item(ws)
         assert configured.data["type"] == "session.configured", configured
         await ws.send(json.dumps({"type": "input.text", "text": body}))
@@ -99,14 +100,15 @@ async def measure(b_url, a_url, sentences, repeat):
                 got[side] = await measure_once(url, sentence)
             (b_ttfa, b_total, b_bytes, b_engine), (a_ttfa, a_total, a_bytes, a_engine) = got["b"], got["a"]
             assert (b_engine, a_engine) == ("hibari", "openai"), (b_engine, a_engine)
-            rounds.append((b_ttfa, a_ttfa, a_ttfa - b_ttfa, b_total, a_total, a_total - b_total,
-                           abs(a_bytes - b_bytes) / 2))
+            rounds.append((b_ttfa, a_ttfa, a_ttfa - b_ttfa, b_total, a_total, a_total - b_total, abs(a_bytes - b_bytes) / 2))
         row = [float(np.median(column)) for column in zip(*rounds)]
         rows.append(row)
-        print(f"{i + 1:3d}/{len(sentences)}  TTFA B {row[0] * 1000:7.2f}  A {row[1] * 1000:7.2f}  "
-              f"hop {row[2] * 1000:6.2f} ms"
-              f" | total B {row[3] * 1000:7.2f}  A {row[4] * 1000:7.2f}  hop {row[5] * 1000:6.2f} ms  {sentence}",
-              flush=True)
+        print(
+            f"{i + 1:3d}/{len(sentences)}  TTFA B {row[0] * 1000:7.2f}  A {row[1] * 1000:7.2f}  "
+            f"hop {row[2] * 1000:6.2f} ms"
+            f" | total B {row[3] * 1000:7.2f}  A {row[4] * 1000:7.2f}  hop {row[5] * 1000:6.2f} ms  {sentence}",
+            flush=True,
+        )
     return rows
 
 
@@ -126,24 +128,30 @@ async def http_round_trip(url, n=50):
 
 def stats_ms(values):
     ms = np.asarray(values, dtype=np.float64) * 1000.0
-    return {"p50": float(np.percentile(ms, 50)), "p90": float(np.percentile(ms, 90)),
-            "p99": float(np.percentile(ms, 99)), "max": float(ms.max()), "mean": float(ms.mean()),
-            "min": float(ms.min())}
+    return {
+        "p50": float(np.percentile(ms, 50)),
+        "p90": float(np.percentile(ms, 90)),
+        "p99": float(np.percentile(ms, 99)),
+        "max": float(ms.max()),
+        "mean": float(ms.mean()),
+        "min": float(ms.min()),
+    }
 
 
 def table(rows):
-    lines = ["| measure | p50 ms | p90 ms | p99 ms | max ms | mean ms | min ms |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| measure | p50 ms | p90 ms | p99 ms | max ms | mean ms | min ms |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in rows:
-        lines.append(f"| {name} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} | {s['max']:.2f} | {s['mean']:.2f} "
-                     f"| {s['min']:.2f} |")
+        lines.append(
+            f"| {name} | {s['p50']:.2f} | {s['p90']:.2f} | {s['p99']:.2f} | {s['max']:.2f} | {s['mean']:.2f} | {s['min']:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sentences", type=int, default=30, help=f"how many sentences (the list of {len(SENTENCES)} "
-                                                                   "repeats past its end)")
+    parser.add_argument(
+        "--sentences", type=int, default=30, help=f"how many sentences (the list of {len(SENTENCES)} repeats past its end)"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="rounds per sentence; its figures are the medians")
     parser.add_argument("--workers", type=int, default=2, help="SPEECH_ENGINE_WORKERS of B")
     parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
@@ -151,20 +159,23 @@ def main(argv=None):
     if args.sentences < 1 or args.repeat < 1:
         parser.error("--sentences and --repeat must be at least 1")
     sentences = [SENTENCES[i % len(SENTENCES)] for i in range(args.sentences)]
-    command = "python bench/upstream.py" + (f" --sentences {args.sentences}" if args.sentences != 30 else "") + (
-        f" --repeat {args.repeat}" if args.repeat != 5 else "") + (
-        f" --workers {args.workers}" if args.workers != 2 else "")
+    command = (
+        "python bench/upstream.py"
+        + (f" --sentences {args.sentences}" if args.sentences != 30 else "")
+        + (f" --repeat {args.repeat}" if args.repeat != 5 else "")
+        + (f" --workers {args.workers}" if args.workers != 2 else "")
+    )
 
     started = time.monotonic()
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    b = DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers),
-                      "SPEECH_REQUIRE_API_KEY": "false"})
+    b = DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers), "SPEECH_REQUIRE_API_KEY": "false"})
     a = None
     servers = [b]
     try:
         b.start()
-        a = DaphneServer({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": f"{b.http_url}/v1",
-                          "SPEECH_REQUIRE_API_KEY": "false"})
+        a = DaphneServer(
+            {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": f"{b.http_url}/v1", "SPEECH_REQUIRE_API_KEY": "false"}
+        )
         servers.insert(0, a)
         a.start()
         print(f"servers up: B (hibari) {b.http_url}, A (openai -> B) {a.http_url}", flush=True)
@@ -181,39 +192,54 @@ def main(argv=None):
     elapsed = time.monotonic() - started
 
     columns = list(zip(*rows))
-    names = ["TTFA, B direct", "TTFA, A via B", "TTFA hop cost (A - B, same round)",
-             "segment total, B direct", "segment total, A via B", "segment total hop cost (A - B, same round)"]
-    report = table([(name, stats_ms(column)) for name, column in zip(names, columns[:6])]
-                   + [("for scale: HTTP round trip to B (GET /healthz, kept-alive connection)", stats_ms(bare))])
+    names = [
+        "TTFA, B direct",
+        "TTFA, A via B",
+        "TTFA hop cost (A - B, same round)",
+        "segment total, B direct",
+        "segment total, A via B",
+        "segment total hop cost (A - B, same round)",
+    ]
+    report = table(
+        [(name, stats_ms(column)) for name, column in zip(names, columns[:6])]
+        + [("for scale: HTTP round trip to B (GET /healthz, kept-alive connection)", stats_ms(bare))]
+    )
     max_len_diff = max(columns[6])
     print()
     print(report)
-    print(f"\n{len(sentences)} sentences x {args.repeat} rounds, {elapsed:.0f} s; largest A/B audio length difference "
-          f"{max_len_diff:.0f} samples")
+    print(
+        f"\n{len(sentences)} sentences x {args.repeat} rounds, {elapsed:.0f} s; largest A/B audio length difference "
+        f"{max_len_diff:.0f} samples"
+    )
 
-    section = "\n".join([
-        *header(SECTION, command),
-        f"* Run time: {elapsed:.0f} s; load average at the start {load_start}.",
-        "* Two daphne processes (`manage.py serve`): B with the embedded Hibari engine "
-        f"(SPEECH_ENGINE_WORKERS={args.workers}), A with SPEECH_ENGINE=openai pointed at B's /v1 (voices learned "
-        "from B). Same machine, loopback TCP.",
-        f"* {len(sentences)} sentences of 5-20 words (bench/ttfa.py's list), {args.repeat} rounds each; a round is one "
-        "fresh WebSocket session on B and one on A (pcm, stream_audio, seed fixed), order alternating per round. "
-        "TTFA = from sending the frame that completes the segment (its final mark) to the first binary frame; "
-        "total = from that send to the segment's audio.done. Hop cost = A - B of the same round; per sentence "
-        f"the median of its rounds; percentiles over sentences (linear interpolation). {len(WARM_UP)} warm-up "
-        "sessions per side not counted.",
-        "",
-        report,
-        "",
-        ("Same seed on both sides: A's audio had exactly the length of B's in every round. " if max_len_diff == 0 else
-         f"Same seed on both sides, yet A's and B's audio lengths differed by up to {max_len_diff:.0f} samples. ")
-        + "No target is set for the hop cost; these are measurements. For scale, a bare HTTP round trip to B "
-        f"(GET /healthz through Django's ASGI handler under daphne) takes {stats_ms(bare)['p50']:.2f} ms at p50, "
-        f"{stats_ms(bare)['p50'] / stats_ms(columns[2])['p50']:.0%} of the TTFA hop cost at p50 (a GPU upstream "
-        "brings its own HTTP stack instead).",
-        "",
-    ])
+    section = "\n".join(
+        [
+            *header(SECTION, command),
+            f"* Run time: {elapsed:.0f} s; load average at the start {load_start}.",
+            "* Two daphne processes (`manage.py serve`): B with the embedded Hibari engine "
+            f"(SPEECH_ENGINE_WORKERS={args.workers}), A with SPEECH_ENGINE=openai pointed at B's /v1 (voices learned "
+            "from B). Same machine, loopback TCP.",
+            f"* {len(sentences)} sentences of 5-20 words (bench/ttfa.py's list), {args.repeat} rounds each; a round is one "
+            "fresh WebSocket session on B and one on A (pcm, stream_audio, seed fixed), order alternating per round. "
+            "TTFA = from sending the frame that completes the segment (its final mark) to the first binary frame; "
+            "total = from that send to the segment's audio.done. Hop cost = A - B of the same round; per sentence "
+            f"the median of its rounds; percentiles over sentences (linear interpolation). {len(WARM_UP)} warm-up "
+            "sessions per side not counted.",
+            "",
+            report,
+            "",
+            (
+                "Same seed on both sides: A's audio had exactly the length of B's in every round. "
+                if max_len_diff == 0
+                else f"Same seed on both sides, yet A's and B's audio lengths differed by up to {max_len_diff:.0f} samples. "
+            )
+            + "No target is set for the hop cost; these are measurements. For scale, a bare HTTP round trip to B "
+            f"(GET /healthz through Django's ASGI handler under daphne) takes {stats_ms(bare)['p50']:.2f} ms at p50, "
+            f"{stats_ms(bare)['p50'] / stats_ms(columns[2])['p50']:.0%} of the TTFA hop cost at p50 (a GPU upstream "
+            "brings its own HTTP stack instead).",
+            "",
+        ]
+    )
     if not args.no_write:
         write_section(SECTION, section)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")

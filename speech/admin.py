@@ -67,8 +67,20 @@ class VoiceAdmin(admin.ModelAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return ["name", "consent", "transcript", "language", "is_active", "audio_sample"]
-        return ["name", "player", "consent", "transcript", "language", "is_active", "container", "sample_rate",
-                "duration_s", "sha256", "created_at", "created_by"]
+        return [
+            "name",
+            "player",
+            "consent",
+            "transcript",
+            "language",
+            "is_active",
+            "container",
+            "sample_rate",
+            "duration_s",
+            "sha256",
+            "created_at",
+            "created_by",
+        ]
 
     def save_model(self, request, obj, form, change):
         if change:
@@ -79,10 +91,15 @@ class VoiceAdmin(admin.ModelAdmin):
         data = form.cleaned_data
         try:
             voice = voices.create_voice(
-                name=data["name"], consent=data["consent"], data=data["audio_bytes"],
-                filename=data["audio_sample"].name, content_type=data["audio_sample"].content_type,
-                transcript=data.get("transcript", ""), language=data.get("language", ""),
-                created_by=request.user.get_username())
+                name=data["name"],
+                consent=data["consent"],
+                data=data["audio_bytes"],
+                filename=data["audio_sample"].name,
+                content_type=data["audio_sample"].content_type,
+                transcript=data.get("transcript", ""),
+                language=data.get("language", ""),
+                created_by=request.user.get_username(),
+            )
         except voices.VoiceError:  # lost a race for the name after validation: see changeform_view
             raise
         if not data.get("is_active", True):
@@ -126,8 +143,14 @@ class VoiceAdmin(admin.ModelAdmin):
         voice = Voice.objects.filter(pk=pk).first()
         if voice is None or not self.has_view_permission(request, voice):
             raise Http404
-        content_type = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg",
-                        "m4a": "audio/mp4", "webm": "audio/webm"}[voice.container]
+        content_type = {
+            "wav": "audio/wav",
+            "flac": "audio/flac",
+            "mp3": "audio/mpeg",
+            "ogg": "audio/ogg",
+            "m4a": "audio/mp4",
+            "webm": "audio/webm",
+        }[voice.container]
         return FileResponse(voice.audio.open("rb"), content_type=content_type)
 
 
@@ -143,9 +166,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return super().save_model(request, obj, form, change)
         key, secret = ApiKey.issue(obj.name, max_sessions=obj.max_sessions)
         obj.pk, obj.id = key.pk, key.pk
-        self.message_user(request, format_html(
-            "API key created: <code>{}</code>. Copy it now: it is stored hashed and will not be shown again.",
-            secret), messages.SUCCESS)
+        self.message_user(
+            request,
+            format_html(
+                "API key created: <code>{}</code>. Copy it now: it is stored hashed and will not be shown again.", secret
+            ),
+            messages.SUCCESS,
+        )
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request, queryset):
@@ -155,8 +182,19 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 @admin.register(SessionRecord)
 class SessionRecordAdmin(admin.ModelAdmin):
-    list_display = ["session_id", "status", "instance", "voice", "engine", "api_key", "started_at", "ended_at",
-                    "segments", "bytes_sent", "first_audio_ms"]
+    list_display = [
+        "session_id",
+        "status",
+        "instance",
+        "voice",
+        "engine",
+        "api_key",
+        "started_at",
+        "ended_at",
+        "segments",
+        "bytes_sent",
+        "first_audio_ms",
+    ]
     list_filter = ["status", "engine", "instance"]
     search_fields = ["session_id", "voice"]
     actions = ["cancel_speech", "terminate"]

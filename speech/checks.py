@@ -22,14 +22,20 @@ def check_speech_settings(app_configs, **kwargs):
         allowed = import_string(rule.choices) if rule.choices else None
         if not rule.test(value, allowed):
             choices = ", ".join(map(str, sorted(allowed))) if allowed is not None else ""
-            errors.append(checks.Error(rule.message.format(name=setting.name, value=value, choices=choices),
-                                       id=rule.id))
+            errors.append(checks.Error(rule.message.format(name=setting.name, value=value, choices=choices), id=rule.id))
     if conf.CONFIG_BUDGET_BYTES < FRAME_COST_FACTOR * conf.MAX_CONFIG_BYTES:
-        errors.append(checks.Error(
-            f"SPEECH_CONFIG_BUDGET_BYTES must be at least {FRAME_COST_FACTOR} x SPEECH_MAX_CONFIG_BYTES "
-            f"({FRAME_COST_FACTOR * conf.MAX_CONFIG_BYTES}): a largest session.config costs that much in flight.",
-            id="speech.E008"))
+        errors.append(
+            checks.Error(
+                f"SPEECH_CONFIG_BUDGET_BYTES must be at least {FRAME_COST_FACTOR} x SPEECH_MAX_CONFIG_BYTES "
+                f"({FRAME_COST_FACTOR * conf.MAX_CONFIG_BYTES}): a largest session.config costs that much in flight.",
+                id="speech.E008",
+            )
+        )
     if conf.MAX_MESSAGE_BYTES > conf.MAX_CONFIG_BYTES:
-        errors.append(checks.Warning("SPEECH_MAX_MESSAGE_BYTES is larger than SPEECH_MAX_CONFIG_BYTES; "
-                                     "daphne's frame limit follows the larger one.", id="speech.W001"))
+        errors.append(
+            checks.Warning(
+                "SPEECH_MAX_MESSAGE_BYTES is larger than SPEECH_MAX_CONFIG_BYTES; daphne's frame limit follows the larger one.",
+                id="speech.W001",
+            )
+        )
     return errors

@@ -35,8 +35,19 @@ RAW = ("pcm", "mulaw", "alaw")
 # MPEG audio frames (once each file's ID3 tag and Xing/Info frame are dropped), ADTS AAC frames,
 # and chained Ogg Opus streams (RFC 7845). FLAC and WAV files cannot be joined; WAV is written here.
 JOINABLE = ("mp3", "aac", "opus")
-EXTENSIONS = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac", ".pcm": "pcm",
-              ".raw": "pcm", ".ulaw": "mulaw", ".mulaw": "mulaw", ".alaw": "alaw", ".flac": "flac"}
+EXTENSIONS = {
+    ".wav": "wav",
+    ".mp3": "mp3",
+    ".opus": "opus",
+    ".ogg": "opus",
+    ".aac": "aac",
+    ".pcm": "pcm",
+    ".raw": "pcm",
+    ".ulaw": "mulaw",
+    ".mulaw": "mulaw",
+    ".alaw": "alaw",
+    ".flac": "flac",
+}
 CANCEL_WAIT_S = 5.0  # after Ctrl-C, how long the server's answer to input.cancel is awaited
 
 
@@ -45,6 +56,7 @@ class UsageError(Exception):
 
 
 # -- output ---------------------------------------------------------------------------------------
+
 
 class RawOut:
     """Raw samples (or joined files) to a file or stdout, written as they arrive."""
@@ -86,8 +98,10 @@ class WavOut:
             self.file.close()
 
 
-_MP3_BITRATES = {True: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
-                 False: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)}
+_MP3_BITRATES = {
+    True: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+    False: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+}
 _MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
 
 
@@ -96,7 +110,7 @@ def mp3_frames(data: bytes) -> bytes:
     count would make a decoder stop at the end of the first sentence of the joined file."""
     if data[:3] == b"ID3" and len(data) >= 10:
         size = (data[6] << 21) | (data[7] << 14) | (data[8] << 7) | data[9]
-        data = data[10 + size + (10 if data[5] & 0x10 else 0):]
+        data = data[10 + size + (10 if data[5] & 0x10 else 0) :]
     if len(data) >= 4 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0:
         version, bitrate, rate_index = (data[1] >> 3) & 3, data[2] >> 4, (data[2] >> 2) & 3
         if version in _MP3_RATES and 0 < bitrate < 15 and rate_index < 3:
@@ -127,6 +141,7 @@ def output_for(args):
 
 # -- text in ----------------------------------------------------------------------------------------
 
+
 def stdin_lines(loop, queue):
     """Lines of stdin into `queue` as they arrive, then None. A daemon thread: a read that blocks
     forever (a terminal, a silent pipe) never holds up the exit."""
@@ -140,6 +155,7 @@ def stdin_lines(loop, queue):
 
 
 # -- the session ------------------------------------------------------------------------------------
+
 
 class Session:
     def __init__(self, args, fmt, streamed, out):
@@ -163,8 +179,7 @@ class Session:
 
     def config(self):
         session = {"response_format": self.fmt, "stream_audio": self.streamed}
-        for field, value in (("voice", self.args.voice), ("sample_rate", self.args.rate),
-                             ("speed", self.args.speed)):
+        for field, value in (("voice", self.args.voice), ("sample_rate", self.args.rate), ("speed", self.args.speed)):
             if value is not None:
                 session[field] = value
         if self.args.clause:
@@ -210,11 +225,18 @@ class Session:
             self.rate = event["sample_rate"]
             self.keepalive_s = event.get("limits", {}).get("idle_timeout_s", 30) / 3
             self.out.start(self.rate)
-            self.say(f"session {event['session_id']}: engine {event['engine']}, voice {event['voice']}, "
-                     f"{event['response_format']} at {self.rate} Hz")
+            self.say(
+                f"session {event['session_id']}: engine {event['engine']}, voice {event['voice']}, "
+                f"{event['response_format']} at {self.rate} Hz"
+            )
         elif kind == "audio.start":
-            self.segment = {"index": event["sentence_index"], "text": event["sentence_text"],
-                            "completed": self.completed_at(event["sentence_text"]), "first": None, "bytes": 0}
+            self.segment = {
+                "index": event["sentence_index"],
+                "text": event["sentence_text"],
+                "completed": self.completed_at(event["sentence_text"]),
+                "first": None,
+                "bytes": 0,
+            }
         elif kind == "audio.done":
             self.report(event)
         elif kind == "input.cancelled":
@@ -232,8 +254,11 @@ class Session:
         first = ""
         if segment["first"] is not None:
             first = f"first audio {1000 * (segment['first'] - segment['completed']):.0f} ms, "
-        seconds = f"{segment['bytes'] / (2 if self.fmt == 'pcm' else 1) / self.rate:.2f} s" if self.streamed else \
-            f"{segment['bytes']} bytes"
+        seconds = (
+            f"{segment['bytes'] / (2 if self.fmt == 'pcm' else 1) / self.rate:.2f} s"
+            if self.streamed
+            else f"{segment['bytes']} bytes"
+        )
         self.say(f"[{segment['index']}] {segment['text']!r}: {first}{seconds}{end}")
 
     def on_audio(self, data):
@@ -308,16 +333,23 @@ def ws_url(url):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="python -m speech.client", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m speech.client", description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("text", nargs="*", help="what to say; none (or -): stdin, line by line as it arrives")
     p.add_argument("-o", "--output", help="file to write (format from its extension); default: raw audio to stdout")
-    p.add_argument("--url", default=os.environ.get("SPEECH_URL", DEFAULT_URL),
-                   help=f"server WebSocket or base URL (env SPEECH_URL; default {DEFAULT_URL})")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("SPEECH_URL", DEFAULT_URL),
+        help=f"server WebSocket or base URL (env SPEECH_URL; default {DEFAULT_URL})",
+    )
     p.add_argument("--key", default=os.environ.get("SPEECH_API_KEY"), help="API key (env SPEECH_API_KEY)")
     p.add_argument("--voice", help="a voice of the engine, or an uploaded one")
-    p.add_argument("--format", choices=("wav", "mp3", "opus", "aac", "pcm", "mulaw", "alaw", "flac"),
-                   help="audio format (default: from -o's extension, else pcm)")
+    p.add_argument(
+        "--format",
+        choices=("wav", "mp3", "opus", "aac", "pcm", "mulaw", "alaw", "flac"),
+        help="audio format (default: from -o's extension, else pcm)",
+    )
     p.add_argument("--rate", type=int, help="sample rate: 8000, 16000, 22050, 24000, 44100 or 48000")
     p.add_argument("--speed", type=float, help="0.25 to 4.0")
     p.add_argument("--clause", action="store_true", help="split at clauses (, ; :) as well as sentences")

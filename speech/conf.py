@@ -36,10 +36,18 @@ def positive(id="speech.E004"):
 
 AT_LEAST_ONE = Rule("speech.E002", "{name} must be at least 1.", lambda value, _: value >= 1)
 NOT_NEGATIVE = Rule("speech.E007", "{name} must not be negative.", lambda value, _: value >= 0)
-ENGINE_NAME = Rule("speech.E001", "{name} is {value!r}; it must be one of: {choices}.",
-                   lambda value, allowed: value in allowed, choices="speech.engines.ENGINES")
-UPSTREAM_RATE = Rule("speech.E006", "{name} must be one of: {choices}.",
-                     lambda value, allowed: value in allowed, choices="speech.stream.protocol.SAMPLE_RATES")
+ENGINE_NAME = Rule(
+    "speech.E001",
+    "{name} is {value!r}; it must be one of: {choices}.",
+    lambda value, allowed: value in allowed,
+    choices="speech.engines.ENGINES",
+)
+UPSTREAM_RATE = Rule(
+    "speech.E006",
+    "{name} must be one of: {choices}.",
+    lambda value, allowed: value in allowed,
+    choices="speech.stream.protocol.SAMPLE_RATES",
+)
 
 
 def _http_url(value, _):
@@ -47,8 +55,12 @@ def _http_url(value, _):
     return url.scheme in ("http", "https") and bool(url.netloc)
 
 
-UPSTREAM_URL = Rule("speech.E005", "SPEECH_ENGINE is 'openai' but {name} is {value!r}; it must be the http(s) base "
-                    "URL of an OpenAI-compatible speech server, e.g. http://gpu-host:8000/v1.", _http_url)
+UPSTREAM_URL = Rule(
+    "speech.E005",
+    "SPEECH_ENGINE is 'openai' but {name} is {value!r}; it must be the http(s) base "
+    "URL of an OpenAI-compatible speech server, e.g. http://gpu-host:8000/v1.",
+    _http_url,
+)
 
 
 @dataclass(frozen=True)
@@ -79,60 +91,130 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("SPEECH_REDIS_PREFIX", "str", "speech",
-            "prefix of every Redis key and channel (channel layer, per-key slots, heartbeats): deployments "
-            "sharing one Redis need different prefixes"),
-    Setting("SPEECH_INSTANCE_ID", "str", "", "the instance's name in the session registry",
-            shown="`hostname:pid`"),
-    Setting("SPEECH_ENGINE", "str", "hibari",
-            "`hibari`; `openai` for an upstream server; `fake` is the test double (tones), only when chosen",
-            rule=ENGINE_NAME),
-    Setting("SPEECH_ENGINE_WORKERS", "int", os.cpu_count() or 1, "synthesis threads per process",
-            shown="number of cores", rule=AT_LEAST_ONE),
-    Setting("SPEECH_MAX_QUEUE_WAIT_S", "float", 2.0,
-            "new sessions (and REST requests) are refused while a new first segment would wait longer than "
-            "this for synthesis", rule=positive("speech.E003")),
+    Setting(
+        "SPEECH_REDIS_PREFIX",
+        "str",
+        "speech",
+        "prefix of every Redis key and channel (channel layer, per-key slots, heartbeats): deployments "
+        "sharing one Redis need different prefixes",
+    ),
+    Setting("SPEECH_INSTANCE_ID", "str", "", "the instance's name in the session registry", shown="`hostname:pid`"),
+    Setting(
+        "SPEECH_ENGINE",
+        "str",
+        "hibari",
+        "`hibari`; `openai` for an upstream server; `fake` is the test double (tones), only when chosen",
+        rule=ENGINE_NAME,
+    ),
+    Setting(
+        "SPEECH_ENGINE_WORKERS",
+        "int",
+        os.cpu_count() or 1,
+        "synthesis threads per process",
+        shown="number of cores",
+        rule=AT_LEAST_ONE,
+    ),
+    Setting(
+        "SPEECH_MAX_QUEUE_WAIT_S",
+        "float",
+        2.0,
+        "new sessions (and REST requests) are refused while a new first segment would wait longer than this for synthesis",
+        rule=positive("speech.E003"),
+    ),
     Setting("SPEECH_CONFIG_TIMEOUT_S", "float", 10.0, "wait for `session.config`", rule=positive()),
-    Setting("SPEECH_IDLE_TIMEOUT_S", "float", 30.0, "wait for the next client frame while nothing is generating",
-            rule=positive()),
-    Setting("SPEECH_MAX_CONFIG_BYTES", "int", 16 * 1024 * 1024, "`session.config` frame (UTF-8 bytes)",
-            rule=positive()),
-    Setting("SPEECH_CONFIG_BUDGET_BYTES", "int", 64 * 1024 * 1024,
-            "memory for frames of 1 MiB or more in flight, per process (3 × each frame); past it such frames are "
-            "refused with 4013. At least 3 × `SPEECH_MAX_CONFIG_BYTES` (`manage.py check`)"),
+    Setting(
+        "SPEECH_IDLE_TIMEOUT_S", "float", 30.0, "wait for the next client frame while nothing is generating", rule=positive()
+    ),
+    Setting("SPEECH_MAX_CONFIG_BYTES", "int", 16 * 1024 * 1024, "`session.config` frame (UTF-8 bytes)", rule=positive()),
+    Setting(
+        "SPEECH_CONFIG_BUDGET_BYTES",
+        "int",
+        64 * 1024 * 1024,
+        "memory for frames of 1 MiB or more in flight, per process (3 × each frame); past it such frames are "
+        "refused with 4013. At least 3 × `SPEECH_MAX_CONFIG_BYTES` (`manage.py check`)",
+    ),
     Setting("SPEECH_MAX_MESSAGE_BYTES", "int", 131072, "any later frame", rule=positive()),
     Setting("SPEECH_MAX_PENDING_CHARS", "int", 262144, "unsegmented + queued text", rule=positive()),
     Setting("SPEECH_MAX_SEGMENT_CHARS", "int", 4096, "one segment", rule=positive()),
     Setting("SPEECH_REQUIRE_API_KEY", "bool", False, "`true`: the WebSocket and every REST endpoint need a key"),
     Setting("SPEECH_MAX_SESSIONS_PER_KEY", "int", 8, "concurrent WebSocket sessions per key, across all instances"),
     # empty: speech/web/origin.py follows DJANGO_ALLOWED_HOSTS
-    Setting("SPEECH_ALLOWED_ORIGINS", "list", [], "browser origins allowed on the WebSocket",
-            shown="`DJANGO_ALLOWED_HOSTS`"),
+    Setting("SPEECH_ALLOWED_ORIGINS", "list", [], "browser origins allowed on the WebSocket", shown="`DJANGO_ALLOWED_HOSTS`"),
     Setting("SPEECH_WARM_UP", "bool", True, "warm the engine up before daphne listens (upstream: learn its voices)"),
     # SPEECH_ENGINE=openai: an OpenAI-compatible speech server (sglang-omni, vLLM-omni, OpenAI)
-    Setting("SPEECH_UPSTREAM_URL", "str", "",
-            "`SPEECH_ENGINE=openai`: base URL of an OpenAI-compatible server, ending in `/v1` (`manage.py check` "
-            "refuses to start without it)", shown="unset", rule=UPSTREAM_URL, engine="openai"),
+    Setting(
+        "SPEECH_UPSTREAM_URL",
+        "str",
+        "",
+        "`SPEECH_ENGINE=openai`: base URL of an OpenAI-compatible server, ending in `/v1` (`manage.py check` "
+        "refuses to start without it)",
+        shown="unset",
+        rule=UPSTREAM_URL,
+        engine="openai",
+    ),
     Setting("SPEECH_UPSTREAM_API_KEY", "str", "", "sent as `Authorization: Bearer …`", shown="unset"),
-    Setting("SPEECH_UPSTREAM_MODEL", "str", "",
-            "`model` when the client names none (OpenAI needs one, e.g. `gpt-4o-mini-tts`)", shown="unset"),
-    Setting("SPEECH_UPSTREAM_VOICES", "list", [],
-            "comma list of the upstream's voices, the first is the default (OpenAI has no voice listing: "
-            "`alloy,ash,coral,…`)", shown="unset: asked of the upstream"),
-    Setting("SPEECH_UPSTREAM_SAMPLE_RATE", "int", 24000,
-            "the rate of the upstream's PCM (OpenAI, Qwen3-TTS: 24000); a different `X-Sample-Rate` fails the "
-            "segment", rule=UPSTREAM_RATE, engine="openai"),
-    Setting("SPEECH_UPSTREAM_CONNECT_TIMEOUT_S", "float", 5.0,
-            "connecting, and waiting for a free pooled connection", rule=positive(), engine="openai"),
-    Setting("SPEECH_UPSTREAM_READ_TIMEOUT_S", "float", 30.0,
-            "the longest silence of the upstream (before the first byte and between chunks), and how far its "
-            "audio may fall behind real time", rule=positive(), engine="openai"),
-    Setting("SPEECH_UPSTREAM_RETRIES", "int", 2, "retries before the first byte (refused, dropped, 502/503/504)",
-            rule=NOT_NEGATIVE, engine="openai"),
-    Setting("SPEECH_UPSTREAM_MAX_CONNECTIONS", "int", 100,
-            "pooled connections to the upstream (a session holds at most two)", rule=positive(), engine="openai"),
-    Setting("SPEECH_METRICS_TOKEN", "str", "", "set: `/metrics` wants `Authorization: Bearer <token>`",
-            shown="unset: `/metrics` for clients on this machine only"),
+    Setting(
+        "SPEECH_UPSTREAM_MODEL",
+        "str",
+        "",
+        "`model` when the client names none (OpenAI needs one, e.g. `gpt-4o-mini-tts`)",
+        shown="unset",
+    ),
+    Setting(
+        "SPEECH_UPSTREAM_VOICES",
+        "list",
+        [],
+        "comma list of the upstream's voices, the first is the default (OpenAI has no voice listing: `alloy,ash,coral,…`)",
+        shown="unset: asked of the upstream",
+    ),
+    Setting(
+        "SPEECH_UPSTREAM_SAMPLE_RATE",
+        "int",
+        24000,
+        "the rate of the upstream's PCM (OpenAI, Qwen3-TTS: 24000); a different `X-Sample-Rate` fails the segment",
+        rule=UPSTREAM_RATE,
+        engine="openai",
+    ),
+    Setting(
+        "SPEECH_UPSTREAM_CONNECT_TIMEOUT_S",
+        "float",
+        5.0,
+        "connecting, and waiting for a free pooled connection",
+        rule=positive(),
+        engine="openai",
+    ),
+    Setting(
+        "SPEECH_UPSTREAM_READ_TIMEOUT_S",
+        "float",
+        30.0,
+        "the longest silence of the upstream (before the first byte and between chunks), and how far its "
+        "audio may fall behind real time",
+        rule=positive(),
+        engine="openai",
+    ),
+    Setting(
+        "SPEECH_UPSTREAM_RETRIES",
+        "int",
+        2,
+        "retries before the first byte (refused, dropped, 502/503/504)",
+        rule=NOT_NEGATIVE,
+        engine="openai",
+    ),
+    Setting(
+        "SPEECH_UPSTREAM_MAX_CONNECTIONS",
+        "int",
+        100,
+        "pooled connections to the upstream (a session holds at most two)",
+        rule=positive(),
+        engine="openai",
+    ),
+    Setting(
+        "SPEECH_METRICS_TOKEN",
+        "str",
+        "",
+        "set: `/metrics` wants `Authorization: Bearer <token>`",
+        shown="unset: `/metrics` for clients on this machine only",
+    ),
 )
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 

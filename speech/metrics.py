@@ -25,24 +25,31 @@ logger = logging.getLogger(__name__)
 
 SESSIONS_ACTIVE = Gauge("speech_sessions_active", "WebSocket speech sessions open in this process")
 SESSIONS_ENDED = Counter("speech_sessions_ended", "WebSocket speech sessions ended, by outcome", ["outcome"])
-TTFA = Histogram("speech_time_to_first_audio_seconds",
-                 "A session's first segment: from its text being queued to its first audio frame sent",
-                 buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0))
-SEGMENT_SYNTHESIS = Histogram("speech_segment_synthesis_seconds",
-                              "Time spent waiting for the engine's audio of one segment (queueing included)",
-                              buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0))
-SEGMENT_RTF = Histogram("speech_segment_real_time_factor",
-                        "Engine time over audio duration for one segment (below 1: faster than real time)",
-                        buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0))
-ENGINE_QUEUE = Gauge("speech_engine_queue_depth",
-                     "Synthesis jobs in the engine's pool (speech/engines/pool.py), running or waiting for a thread")
+TTFA = Histogram(
+    "speech_time_to_first_audio_seconds",
+    "A session's first segment: from its text being queued to its first audio frame sent",
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+)
+SEGMENT_SYNTHESIS = Histogram(
+    "speech_segment_synthesis_seconds",
+    "Time spent waiting for the engine's audio of one segment (queueing included)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0),
+)
+SEGMENT_RTF = Histogram(
+    "speech_segment_real_time_factor",
+    "Engine time over audio duration for one segment (below 1: faster than real time)",
+    buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0),
+)
+ENGINE_QUEUE = Gauge(
+    "speech_engine_queue_depth", "Synthesis jobs in the engine's pool (speech/engines/pool.py), running or waiting for a thread"
+)
 CANCELS = Counter("speech_cancels", "Barge-ins (input.cancelled), by origin: client or server", ["origin"])
-ERRORS = Counter("speech_errors", "error events sent to WebSocket clients, by error_type and code",
-                 ["type", "code"])
+ERRORS = Counter("speech_errors", "error events sent to WebSocket clients, by error_type and code", ["type", "code"])
 AUDIO_BYTES = Counter("speech_audio_sent_bytes", "Audio bytes sent to WebSocket clients")
 AUDIO_SECONDS = Counter("speech_audio_sent_seconds", "Seconds of audio sent to WebSocket clients")
-REST_REQUESTS = Counter("speech_rest_requests", "HTTP API requests, by endpoint (route name), method and status",
-                        ["endpoint", "method", "status"])
+REST_REQUESTS = Counter(
+    "speech_rest_requests", "HTTP API requests, by endpoint (route name), method and status", ["endpoint", "method", "status"]
+)
 
 # Sessions started and not yet ended (a session dropped without an end leaves too).
 _live: weakref.WeakSet[object] = weakref.WeakSet()
@@ -58,9 +65,11 @@ def _pool_jobs():
 
 
 ENGINE_QUEUE.set_function(_pool_jobs)
-HELD = Gauge("speech_sessions_held",
-             "WebSocket connections whose client is not reading fast enough right now: their audio waits "
-             "(backpressure, speech/web/flowcontrol.py)")
+HELD = Gauge(
+    "speech_sessions_held",
+    "WebSocket connections whose client is not reading fast enough right now: their audio waits "
+    "(backpressure, speech/web/flowcontrol.py)",
+)
 HELD.set_function(lambda: FlowControl.held)
 
 
@@ -81,9 +90,13 @@ def session_ended(session):
     outcome = session.outcome or "cancelled"
     SESSIONS_ENDED.labels(outcome).inc()
     pipeline = session.pipeline
-    logger.info("session ended: %s, %d segments, %d audio bytes, first audio %s", outcome,
-                pipeline.sentences if pipeline else 0, pipeline.bytes_sent if pipeline else 0,
-                f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none")
+    logger.info(
+        "session ended: %s, %d segments, %d audio bytes, first audio %s",
+        outcome,
+        pipeline.sentences if pipeline else 0,
+        pipeline.bytes_sent if pipeline else 0,
+        f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none",
+    )
 
 
 # -- audio (speech/stream/pipeline.py) ---------------------------------------------------------

@@ -37,9 +37,13 @@ class Voice(models.Model):
 
     class Meta:
         ordering = ["name"]
-        constraints = [models.UniqueConstraint(
-            Lower("name"), name="speech_voice_name_ci_unique",
-            violation_error_message="A voice with this name exists already (names are compared ignoring case).")]
+        constraints = [
+            models.UniqueConstraint(
+                Lower("name"),
+                name="speech_voice_name_ci_unique",
+                violation_error_message="A voice with this name exists already (names are compared ignoring case).",
+            )
+        ]
 
     def __str__(self):
         return self.name
@@ -57,8 +61,11 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     hashed = models.CharField(max_length=64, editable=False)
     max_sessions = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)],
-        help_text="Concurrent sessions across all instances; empty: SPEECH_MAX_SESSIONS_PER_KEY.")
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Concurrent sessions across all instances; empty: SPEECH_MAX_SESSIONS_PER_KEY.",
+    )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
 

@@ -32,15 +32,24 @@ SILENCE_PEAK = 0.01  # -40 dBFS: quieter than this throughout is silence
 TRUNCATION_SLACK_S = 0.1  # decoders may drop a frame or two of a whole file
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 # FFmpeg demuxer name -> our container name
-CONTAINERS = {"wav": "wav", "flac": "flac", "mp3": "mp3", "ogg": "ogg", "mov,mp4,m4a,3gp,3g2,mj2": "m4a",
-              "matroska,webm": "webm"}
+CONTAINERS = {"wav": "wav", "flac": "flac", "mp3": "mp3", "ogg": "ogg", "mov,mp4,m4a,3gp,3g2,mj2": "m4a", "matroska,webm": "webm"}
 # What a client may claim (file name extension or content type), per container.
-EXTENSIONS = {"wav": {"wav", "wave"}, "flac": {"flac"}, "mp3": {"mp3"}, "ogg": {"ogg", "oga", "opus"},
-              "m4a": {"m4a", "mp4", "aac"}, "webm": {"webm", "weba", "mkv"}}
-CONTENT_TYPES = {"wav": {"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"}, "flac": {"audio/flac", "audio/x-flac"},
-                 "mp3": {"audio/mpeg", "audio/mp3"}, "ogg": {"audio/ogg", "application/ogg", "audio/opus"},
-                 "m4a": {"audio/mp4", "audio/m4a", "audio/x-m4a", "audio/aac", "video/mp4"},
-                 "webm": {"audio/webm", "video/webm"}}
+EXTENSIONS = {
+    "wav": {"wav", "wave"},
+    "flac": {"flac"},
+    "mp3": {"mp3"},
+    "ogg": {"ogg", "oga", "opus"},
+    "m4a": {"m4a", "mp4", "aac"},
+    "webm": {"webm", "weba", "mkv"},
+}
+CONTENT_TYPES = {
+    "wav": {"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"},
+    "flac": {"audio/flac", "audio/x-flac"},
+    "mp3": {"audio/mpeg", "audio/mp3"},
+    "ogg": {"audio/ogg", "application/ogg", "audio/opus"},
+    "m4a": {"audio/mp4", "audio/m4a", "audio/x-m4a", "audio/aac", "video/mp4"},
+    "webm": {"audio/webm", "video/webm"},
+}
 NEUTRAL_CONTENT_TYPES = {"", "application/octet-stream"}
 
 
@@ -82,8 +91,7 @@ def reserved_names():
 def check_name(name):
     name = (name or "").strip()
     if not NAME_RE.fullmatch(name) or not re.search(r"[A-Za-z0-9]", name):
-        raise VoiceError("name must be 1 to 64 letters, digits, '.', '_' or '-', with at least one letter or digit",
-                         "name")
+        raise VoiceError("name must be 1 to 64 letters, digits, '.', '_' or '-', with at least one letter or digit", "name")
     if name.lower() in reserved_names():
         raise VoiceError(f"name '{name}' is reserved", "name")
     return name
@@ -154,7 +162,7 @@ class _Reader:
 
     def read(self, n=-1):
         end = len(self._view) if n is None or n < 0 else min(len(self._view), self._pos + n)
-        chunk = self._view[self._pos: end].tobytes()
+        chunk = self._view[self._pos : end].tobytes()
         self._pos = end
         return chunk
 
@@ -186,9 +194,17 @@ def create_voice(*, name, consent, data, filename="", content_type="", transcrip
         raise VoiceError("audio_sample is larger than 10 MiB")
     facts = inspect_audio(data)
     check_claims(facts, filename, content_type)
-    voice = Voice(name=name, consent=consent.strip(), transcript=(transcript or "").strip(), language=language or "",
-                  container=facts.container, sample_rate=facts.sample_rate, duration_s=facts.duration_s,
-                  sha256=hashlib.sha256(data).hexdigest(), created_by=created_by)
+    voice = Voice(
+        name=name,
+        consent=consent.strip(),
+        transcript=(transcript or "").strip(),
+        language=language or "",
+        container=facts.container,
+        sample_rate=facts.sample_rate,
+        duration_s=facts.duration_s,
+        sha256=hashlib.sha256(data).hexdigest(),
+        created_by=created_by,
+    )
     if Voice.objects.filter(name__iexact=name).exists():
         raise VoiceError(f"a voice named '{name}' exists already", "name")
     voice.audio.save("", ContentFile(data), save=False)

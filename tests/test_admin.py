@@ -50,14 +50,26 @@ def files_under(root):
 
 
 def stored(name="alice", kind="wav", **kwargs):
-    return create_voice(name=name, consent="yes", data=samples.good(kind), filename=samples.NAMES[kind],
-                        content_type=samples.CONTENT_TYPES[kind], **kwargs)
+    return create_voice(
+        name=name,
+        consent="yes",
+        data=samples.good(kind),
+        filename=samples.NAMES[kind],
+        content_type=samples.CONTENT_TYPES[kind],
+        **kwargs,
+    )
 
 
 def add_form(name="alice", file=None, **overrides):
     """What a browser posts from the add page: is_active is pre-checked there."""
-    data = {"name": name, "consent": "The speaker agreed in writing.", "transcript": "Hello there.",
-            "language": "en", "is_active": "on", "audio_sample": file or samples.good_upload("wav")}
+    data = {
+        "name": name,
+        "consent": "The speaker agreed in writing.",
+        "transcript": "Hello there.",
+        "language": "en",
+        "is_active": "on",
+        "audio_sample": file or samples.good_upload("wav"),
+    }
     data.update(overrides)
     return {k: v for k, v in data.items() if v is not None}
 
@@ -73,6 +85,7 @@ def messages_of(response):
 
 # -- login and list --------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_login_then_the_changelist_shows_duration_rate_creation_time_and_a_player(client, superuser, media):
     assert client.get(VOICE_LIST).status_code == 302
@@ -84,7 +97,7 @@ def test_login_then_the_changelist_shows_duration_rate_creation_time_and_a_playe
     page = response.content.decode()
     for header in ("Duration (s)", "Sample rate", "Created at", "Listen"):
         assert f">{header}<" in page
-    row = re.search(r'<tr>.*?field-name.*?</tr>', page, re.S).group(0)
+    row = re.search(r"<tr>.*?field-name.*?</tr>", page, re.S).group(0)
     assert '<td class="field-duration_s">2.0</td>' in row
     assert '<td class="field-sample_rate">22050</td>' in row
     created = formats.localize(timezone.template_localtime(voice.created_at))
@@ -94,8 +107,17 @@ def test_login_then_the_changelist_shows_duration_rate_creation_time_and_a_playe
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("kind,content_type", [("wav", "audio/wav"), ("flac", "audio/flac"), ("mp3", "audio/mpeg"),
-                                               ("ogg", "audio/ogg"), ("m4a", "audio/mp4"), ("webm", "audio/webm")])
+@pytest.mark.parametrize(
+    "kind,content_type",
+    [
+        ("wav", "audio/wav"),
+        ("flac", "audio/flac"),
+        ("mp3", "audio/mpeg"),
+        ("ogg", "audio/ogg"),
+        ("m4a", "audio/mp4"),
+        ("webm", "audio/webm"),
+    ],
+)
 def test_the_player_url_streams_the_file_with_an_audio_type(admin, media, kind, content_type):
     voice = stored(f"v-{kind}", kind)
     src = PLAYER.search(admin.get(VOICE_LIST).content.decode()).group(1)
@@ -138,6 +160,7 @@ def test_the_player_of_a_missing_voice_is_404(admin, media):
 
 # -- upload -------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("kind", samples.ALLOWED)
 def test_upload_through_the_add_form_creates_row_and_file(admin, media, kind):
@@ -145,7 +168,13 @@ def test_upload_through_the_add_form_creates_row_and_file(admin, media, kind):
     assert response.status_code == 302, form_errors(response)
     voice = Voice.objects.get()
     assert (voice.name, voice.container, voice.transcript, voice.language, voice.is_active, voice.created_by) == (
-        "Alice", kind, "Hello there.", "en", True, "root")
+        "Alice",
+        kind,
+        "Hello there.",
+        "en",
+        True,
+        "root",
+    )
     assert voice.sample_rate == samples.RATES[kind]
     assert voice.duration_s == pytest.approx(2.0, abs=0.05)
     assert files_under(media) == [voice.audio.name]
@@ -159,24 +188,47 @@ def test_upload_unchecked_active_makes_an_inactive_voice(admin, media):
 
 
 INVALID = {
-    "truncated": (lambda: samples.upload("a.mp3", samples.good("mp3")[:100], "audio/mpeg"),
-                  "audio_sample", "audio_sample is not a readable audio file"),
-    "non-audio": (lambda: samples.upload("a.wav", samples.TEXT, "audio/wav"),
-                  "audio_sample", "audio_sample is not a readable audio file"),
-    "silent": (lambda: samples.upload("a.wav", samples.silent("wav"), "audio/wav"),
-               "audio_sample", "audio_sample is silent"),
-    "too-short": (lambda: samples.upload("a.wav", samples.wav_bytes(0.4), "audio/wav"),
-                  "audio_sample", "audio_sample must be 1 to 30 seconds long (it is 0.4 s)"),
-    "too-long": (lambda: samples.upload("a.wav", samples.wav_bytes(40.0, rate=8000), "audio/wav"),
-                 "audio_sample", "audio_sample must be 1 to 30 seconds long (it is 40.0 s)"),
-    "aiff-named-wav": (lambda: samples.upload("a.wav", samples.sample("aiff"), "audio/wav"),
-                       "audio_sample", "audio_sample must be one of: flac, m4a, mp3, ogg, wav, webm"),
-    "lying-extension": (lambda: samples.upload("a.flac", samples.good("wav"), "application/octet-stream"),
-                        "audio_sample", "audio_sample is wav audio but its name says .flac"),
-    "lying-type": (lambda: samples.upload("a.wav", samples.good("wav"), "audio/ogg"),
-                   "audio_sample", "audio_sample is wav audio but was sent as audio/ogg"),
-    "oversized": (lambda: samples.upload("a.wav", b"RIFF" + b"\x00" * (10 * 1024 * 1024), "audio/wav"),
-                  "audio_sample", "The file is larger than 10 MiB."),
+    "truncated": (
+        lambda: samples.upload("a.mp3", samples.good("mp3")[:100], "audio/mpeg"),
+        "audio_sample",
+        "audio_sample is not a readable audio file",
+    ),
+    "non-audio": (
+        lambda: samples.upload("a.wav", samples.TEXT, "audio/wav"),
+        "audio_sample",
+        "audio_sample is not a readable audio file",
+    ),
+    "silent": (lambda: samples.upload("a.wav", samples.silent("wav"), "audio/wav"), "audio_sample", "audio_sample is silent"),
+    "too-short": (
+        lambda: samples.upload("a.wav", samples.wav_bytes(0.4), "audio/wav"),
+        "audio_sample",
+        "audio_sample must be 1 to 30 seconds long (it is 0.4 s)",
+    ),
+    "too-long": (
+        lambda: samples.upload("a.wav", samples.wav_bytes(40.0, rate=8000), "audio/wav"),
+        "audio_sample",
+        "audio_sample must be 1 to 30 seconds long (it is 40.0 s)",
+    ),
+    "aiff-named-wav": (
+        lambda: samples.upload("a.wav", samples.sample("aiff"), "audio/wav"),
+        "audio_sample",
+        "audio_sample must be one of: flac, m4a, mp3, ogg, wav, webm",
+    ),
+    "lying-extension": (
+        lambda: samples.upload("a.flac", samples.good("wav"), "application/octet-stream"),
+        "audio_sample",
+        "audio_sample is wav audio but its name says .flac",
+    ),
+    "lying-type": (
+        lambda: samples.upload("a.wav", samples.good("wav"), "audio/ogg"),
+        "audio_sample",
+        "audio_sample is wav audio but was sent as audio/ogg",
+    ),
+    "oversized": (
+        lambda: samples.upload("a.wav", b"RIFF" + b"\x00" * (10 * 1024 * 1024), "audio/wav"),
+        "audio_sample",
+        "The file is larger than 10 MiB.",
+    ),
     "empty-file": (lambda: samples.upload("a.wav", b"", "audio/wav"), "audio_sample", None),
 }
 
@@ -253,16 +305,21 @@ def test_losing_a_name_race_after_validation_is_a_form_error_not_a_crash(admin, 
 def test_the_change_form_edits_metadata_but_not_the_name_or_the_audio(admin, media):
     voice = stored("alice")
     url = f"/admin/speech/voice/{voice.pk}/change/"
-    response = admin.post(url, {"name": "renamed", "consent": "new consent", "transcript": "New words.",
-                                "language": "de"})
+    response = admin.post(url, {"name": "renamed", "consent": "new consent", "transcript": "New words.", "language": "de"})
     assert response.status_code == 302
     voice.refresh_from_db()
     assert (voice.name, voice.consent, voice.transcript, voice.language, voice.is_active) == (
-        "alice", "new consent", "New words.", "de", False)
+        "alice",
+        "new consent",
+        "New words.",
+        "de",
+        False,
+    )
     assert files_under(media) == [voice.audio.name]
 
 
 # -- actions and deletes -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_deactivate_and_activate_actions(admin, media):
@@ -295,14 +352,14 @@ def test_bulk_delete_action_removes_the_files(admin, media):
     selected = [v.pk for v in voices]
     confirm = admin.post(VOICE_LIST, {"action": "delete_selected", "_selected_action": selected})
     assert confirm.status_code == 200 and len(files_under(media)) == 3
-    response = admin.post(VOICE_LIST, {"action": "delete_selected", "_selected_action": selected, "post": "yes"},
-                          follow=True)
+    response = admin.post(VOICE_LIST, {"action": "delete_selected", "_selected_action": selected, "post": "yes"}, follow=True)
     assert response.status_code == 200
     assert list(Voice.objects.values_list("name", flat=True)) == ["v2"]
     assert files_under(media) == [keep.audio.name]
 
 
 # -- API keys ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_adding_an_api_key_shows_it_once_and_stores_only_its_hash(admin):

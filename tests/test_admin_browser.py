@@ -39,8 +39,14 @@ def server(tmp_path_factory):
     sample = tmp_path_factory.mktemp("sample") / "alice.wav"
     tone_wav(sample)
     with DaphneServer({"SPEECH_ENGINE": "fake", "MEDIA_ROOT": str(media)}) as srv:
-        done = subprocess.run([PYTHON, "manage.py", "shell", "-c", SETUP.format(password=PASSWORD, path=str(sample))],
-                              cwd=PROJECT_ROOT, env=srv.environment(), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [PYTHON, "manage.py", "shell", "-c", SETUP.format(password=PASSWORD, path=str(sample))],
+            cwd=PROJECT_ROOT,
+            env=srv.environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         yield srv
         srv.assert_no_traceback()
@@ -72,12 +78,15 @@ def test_admin_lists_voices_and_plays_a_reference(server, browser, tmp_path):
 
     # The player: the browser loads the reference through the admin's audio view and plays it.
     player = row.find_element(By.TAG_NAME, "audio")
-    played = browser.execute_async_script("""
+    played = browser.execute_async_script(
+        """
         const [audio, done] = arguments;
         audio.addEventListener("error", () => done({error: String(audio.error && audio.error.code)}));
         audio.addEventListener("playing", () => done({duration: audio.duration, time: audio.currentTime}));
         audio.muted = true;
         audio.play().catch((e) => done({error: String(e)}));
-    """, player)
+    """,
+        player,
+    )
     assert "error" not in played, played
     assert played["duration"] == pytest.approx(SECONDS, abs=0.05)

@@ -87,14 +87,12 @@ async def test_running_sessions_are_not_affected_when_the_queue_grows():
 async def test_rest_speech_answers_503_with_retry_after(monkeypatch):
     engine = QueuedEngine(2.2)
     monkeypatch.setattr(speech.engines, "_engine", engine)
-    response = await AsyncClient().post("/v1/audio/speech", json.dumps({"input": "Hello."}),
-                                        content_type="application/json")
+    response = await AsyncClient().post("/v1/audio/speech", json.dumps({"input": "Hello."}), content_type="application/json")
     assert response.status_code == 503
     assert response["Retry-After"] == "3"
     assert json.loads(response.content)["error"]["message"] == "The request queue is full."
     assert json.loads(response.content)["error"]["type"] == "server_error"
     assert engine.requests == []
     engine.wait_s = 0.5
-    response = await AsyncClient().post("/v1/audio/speech", json.dumps({"input": "Hello."}),
-                                        content_type="application/json")
+    response = await AsyncClient().post("/v1/audio/speech", json.dumps({"input": "Hello."}), content_type="application/json")
     assert response.status_code == 200 and len(engine.requests) == 1

@@ -73,6 +73,7 @@ def upload(client, name="alice", kind="wav", *, consent=CONSENT, ref_text=None, 
 
 # -- GET ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_get_lists_engine_voices_and_active_uploaded_voices(client, media):
     assert upload(client, "Zed", "flac", ref_text="Hello.", language="en").status_code == 201
@@ -89,9 +90,17 @@ def test_get_lists_engine_voices_and_active_uploaded_voices(client, media):
     assert body["data"][0] == {"id": "fake", "name": "fake", "object": "voice", "type": "builtin"}
     zed = next(v for v in body["data"] if v["name"] == "Zed")
     created = Voice.objects.get(name="Zed").created_at
-    assert zed == {"id": "Zed", "name": "Zed", "object": "voice", "type": "uploaded", "language": "en",
-                   "ref_text": "Hello.", "sample_rate": 22050, "duration_s": pytest.approx(2.0, abs=0.05),
-                   "created_at": int(created.timestamp())}
+    assert zed == {
+        "id": "Zed",
+        "name": "Zed",
+        "object": "voice",
+        "type": "uploaded",
+        "language": "en",
+        "ref_text": "Hello.",
+        "sample_rate": 22050,
+        "duration_s": pytest.approx(2.0, abs=0.05),
+        "created_at": int(created.timestamp()),
+    }
 
 
 @pytest.mark.django_db
@@ -101,6 +110,7 @@ def test_get_with_no_uploads_lists_the_engine_voices(client, media):
 
 
 # -- POST ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("kind", samples.ALLOWED)
@@ -132,17 +142,24 @@ BAD_FILES = {
     "empty": (_bad("a.wav", b"", "audio/wav"), None),
     "silent": (_bad("a.wav", samples.silent("wav"), "audio/wav"), "audio_sample is silent"),
     "silent-ogg": (_bad("a.ogg", samples.silent("ogg"), "audio/ogg"), "audio_sample is silent"),
-    "too-short": (_bad("a.wav", samples.wav_bytes(0.5), "audio/wav"),
-                  "audio_sample must be 1 to 30 seconds long (it is 0.5 s)"),
-    "too-long": (_bad("a.wav", samples.wav_bytes(31.0, rate=8000), "audio/wav"),
-                 "audio_sample must be 1 to 30 seconds long (it is 31.0 s)"),
-    "aiff-named-wav": (_bad("a.wav", samples.sample("aiff"), "audio/wav"),
-                       "audio_sample must be one of: flac, m4a, mp3, ogg, wav, webm"),
+    "too-short": (_bad("a.wav", samples.wav_bytes(0.5), "audio/wav"), "audio_sample must be 1 to 30 seconds long (it is 0.5 s)"),
+    "too-long": (
+        _bad("a.wav", samples.wav_bytes(31.0, rate=8000), "audio/wav"),
+        "audio_sample must be 1 to 30 seconds long (it is 31.0 s)",
+    ),
+    "aiff-named-wav": (
+        _bad("a.wav", samples.sample("aiff"), "audio/wav"),
+        "audio_sample must be one of: flac, m4a, mp3, ogg, wav, webm",
+    ),
     "raw-pcm-named-wav": (_bad("a.wav", samples.raw_pcm_bytes(), "audio/wav"), None),
-    "lying-extension": (_bad("a.mp3", samples.good("wav"), "application/octet-stream"),
-                        "audio_sample is wav audio but its name says .mp3"),
-    "lying-content-type": (_bad("a.wav", samples.good("wav"), "audio/mpeg"),
-                           "audio_sample is wav audio but was sent as audio/mpeg"),
+    "lying-extension": (
+        _bad("a.mp3", samples.good("wav"), "application/octet-stream"),
+        "audio_sample is wav audio but its name says .mp3",
+    ),
+    "lying-content-type": (
+        _bad("a.wav", samples.good("wav"), "audio/mpeg"),
+        "audio_sample is wav audio but was sent as audio/mpeg",
+    ),
     "video-only-mp4": (_bad("a.mp4", samples.video_only("mp4", "mpeg4"), "video/mp4"), "audio_sample holds no audio"),
 }
 
@@ -158,11 +175,20 @@ def test_every_bad_file_is_a_400_envelope_and_leaves_nothing(client, media, case
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name,message", [
-    ("a/b", None), ("..", None), ("...", None), ("", None), ("n" * 65, None), ("white space", None),
-    ("default", "name 'default' is reserved"), ("HEART", "name 'HEART' is reserved"),
-    ("Fake", "name 'Fake' is reserved"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("a/b", None),
+        ("..", None),
+        ("...", None),
+        ("", None),
+        ("n" * 65, None),
+        ("white space", None),
+        ("default", "name 'default' is reserved"),
+        ("HEART", "name 'HEART' is reserved"),
+        ("Fake", "name 'Fake' is reserved"),
+    ],
+)
 def test_bad_names_are_a_400_envelope_with_param_name(client, media, name, message):
     error = assert_envelope(upload(client, name), 400, param="name", message=message)
     if message is None:
@@ -174,8 +200,7 @@ def test_bad_names_are_a_400_envelope_with_param_name(client, media, name, messa
 @pytest.mark.django_db
 @pytest.mark.parametrize("consent", ["", "   \n\t"])
 def test_missing_consent_is_refused(client, media, consent):
-    assert_envelope(upload(client, consent=consent), 400, param="consent",
-                    message="consent must be a non-empty string")
+    assert_envelope(upload(client, consent=consent), 400, param="consent", message="consent must be a non-empty string")
     assert Voice.objects.count() == 0 and files_under(media) == []
 
 
@@ -212,6 +237,7 @@ def test_a_duplicate_name_differing_in_case_is_refused(client, media):
 
 # -- size ------------------------------------------------------------------------------------------------
 
+
 class CountingInput(io.RawIOBase):
     """A wsgi.input that hands out `size` bytes on demand and counts how many were read."""
 
@@ -232,8 +258,10 @@ class CountingInput(io.RawIOBase):
 
 @pytest.mark.django_db
 def test_a_12_mib_multipart_body_is_a_413_and_leaves_nothing(client, media):
-    body, ctype = samples.multipart({"name": "big", "consent": CONSENT},
-                                    {"audio_sample": ("big.wav", samples.good("wav") + b"\x00" * (12 * MIB), "audio/wav")})
+    body, ctype = samples.multipart(
+        {"name": "big", "consent": CONSENT},
+        {"audio_sample": ("big.wav", samples.good("wav") + b"\x00" * (12 * MIB), "audio/wav")},
+    )
     assert len(body) > 12 * MIB
     response = client.generic("POST", VOICES, body, content_type=ctype)
     assert_envelope(response, 413, param="audio_sample", message="audio_sample is larger than 10 MiB")
@@ -244,8 +272,13 @@ def test_a_12_mib_multipart_body_is_a_413_and_leaves_nothing(client, media):
 @pytest.mark.django_db
 def test_an_oversized_content_length_is_refused_before_a_byte_of_the_body_is_read(client, media):
     stream = CountingInput(12 * MIB)
-    response = client.generic("POST", VOICES, b"", content_type="multipart/form-data; boundary=xyz",
-                              **{"wsgi.input": stream, "CONTENT_LENGTH": str(12 * MIB)})
+    response = client.generic(
+        "POST",
+        VOICES,
+        b"",
+        content_type="multipart/form-data; boundary=xyz",
+        **{"wsgi.input": stream, "CONTENT_LENGTH": str(12 * MIB)},
+    )
     assert_envelope(response, 413, param="audio_sample")
     assert stream.consumed == 0
     assert Voice.objects.count() == 0 and files_under(media) == []
@@ -263,8 +296,7 @@ def test_a_file_just_over_10_mib_inside_the_slack_is_a_413(client, media):
 def test_a_file_of_exactly_10_mib_is_judged_by_its_content(client, media):
     data = samples.wav_bytes(10 * MIB / 2 / 48000, rate=48000)[: 10 * MIB]
     assert len(data) == 10 * MIB
-    error = assert_envelope(upload(client, "big", file=samples.upload("big.wav", data, "audio/wav")), 400,
-                            param="audio_sample")
+    error = assert_envelope(upload(client, "big", file=samples.upload("big.wav", data, "audio/wav")), 400, param="audio_sample")
     assert "seconds long" in error["message"]
 
 
@@ -285,11 +317,24 @@ async def test_asgi_refuses_an_oversized_body_before_receiving_it(media):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": VOICES, "raw_path": VOICES.encode(), "root_path": "", "query_string": b"",
-             "headers": [(b"host", b"localhost"), (b"content-type", b"multipart/form-data; boundary=xyz"),
-                         (b"content-length", str(total).encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": VOICES,
+        "raw_path": VOICES.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"localhost"),
+            (b"content-type", b"multipart/form-data; boundary=xyz"),
+            (b"content-length", str(total).encode()),
+        ],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
     await asyncio.wait_for(app(scope, receive, send), 30)
     start = next(m for m in sent if m["type"] == "http.response.start")
     assert start["status"] == 413
@@ -297,6 +342,7 @@ async def test_asgi_refuses_an_oversized_body_before_receiving_it(media):
 
 
 # -- DELETE ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("asked", ["Alice", "alice", "ALICE"])
@@ -322,8 +368,9 @@ def test_delete_of_an_inactive_voice_removes_it_too(client, media):
 
 @pytest.mark.django_db
 def test_delete_of_a_missing_voice_is_a_404_envelope(client, media):
-    assert_envelope(client.delete(f"{VOICES}/nobody"), 404, type_="not_found_error", param="name",
-                    message="voice 'nobody' not found")
+    assert_envelope(
+        client.delete(f"{VOICES}/nobody"), 404, type_="not_found_error", param="name", message="voice 'nobody' not found"
+    )
 
 
 @pytest.mark.django_db
@@ -466,8 +513,7 @@ def test_keys_and_tokens_never_reach_the_logs(client, settings, media, caplog):
     assert upload(client, "logme", headers=bearer(secret)).status_code == 201
     assert client.delete(f"{VOICES}/logme", **bearer(secret)).status_code == 200
     assert any(r.name == "django.request" for r in caplog.records), "the requests were not logged at all"
-    everything = caplog.text + "\n".join(
-        f"{r.getMessage()} {r.args!r} {r.__dict__.get('exc_text')!r}" for r in caplog.records)
+    everything = caplog.text + "\n".join(f"{r.getMessage()} {r.args!r} {r.__dict__.get('exc_text')!r}" for r in caplog.records)
     secret_part = secret.split(".", 1)[1]
     for value in (secret, secret_part, revoked_secret, revoked_secret.split(".", 1)[1], wrong, token, token[4:]):
         assert value not in everything

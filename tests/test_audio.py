@@ -32,8 +32,10 @@ def sound_bounds(samples, threshold):
 
 # -- trim_silence ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("lead_s,tail_s", [(0.3, 0.5), (0.5, 1.0), (0.05, 0.3), (1.0, 0.0)],
-                         ids=["hibari-like", "long", "short", "no-tail"])
+
+@pytest.mark.parametrize(
+    "lead_s,tail_s", [(0.3, 0.5), (0.5, 1.0), (0.05, 0.3), (1.0, 0.0)], ids=["hibari-like", "long", "short", "no-tail"]
+)
 def test_trim_cuts_leading_and_trailing_silence(lead_s, tail_s):
     body = tone(0.4)
     samples = np.concatenate([silence(lead_s), body, silence(tail_s)])
@@ -42,13 +44,14 @@ def test_trim_cuts_leading_and_trailing_silence(lead_s, tail_s):
     assert first <= 20 * MS  # at most 20 ms before the first sound (the contract allows < 100 ms)
     assert out.size - 1 - last <= 250 * MS  # at most 250 ms after the last sound
     # The sound itself is kept untouched between the fades.
-    middle = out[first + 10 * MS: last - 10 * MS]
+    middle = out[first + 10 * MS : last - 10 * MS]
     assert np.max(np.abs(middle)) == pytest.approx(0.5, abs=1e-3)
     assert out.dtype == np.float32
 
 
-@pytest.mark.parametrize("lead_s,body_s", [(0.3051, 0.4003), (0.2999, 0.1234), (0.0071, 0.2)],
-                         ids=["mid-frame", "frame-end", "tiny-lead"])
+@pytest.mark.parametrize(
+    "lead_s,body_s", [(0.3051, 0.4003), (0.2999, 0.1234), (0.0071, 0.2)], ids=["mid-frame", "frame-end", "tiny-lead"]
+)
 def test_trim_with_onsets_between_gate_frames(lead_s, body_s):
     # The gate works in 10 ms frames, so a cut can keep up to one frame more than the nominal
     # 20 ms / 250 ms; still far inside the contract's "under 100 ms of silence before speech".
@@ -79,8 +82,9 @@ def test_trim_with_a_noise_floor():
 
 def test_trim_fades_at_the_cut_points():
     # Cut points fall where a constant non-silent level is: without a fade the output would jump.
-    samples = np.concatenate([np.full(RATE, 0.02, np.float32), np.full(RATE // 2, 0.8, np.float32),
-                              np.full(RATE, 0.02, np.float32)])
+    samples = np.concatenate(
+        [np.full(RATE, 0.02, np.float32), np.full(RATE // 2, 0.8, np.float32), np.full(RATE, 0.02, np.float32)]
+    )
     out = audio.trim_silence(samples, RATE)
     assert out.size < samples.size
     assert out[0] == 0.0 and out[-1] == 0.0  # ramps start and end at zero: no click
@@ -94,8 +98,9 @@ def test_trim_does_not_fade_an_edge_that_was_not_cut():
     assert np.array_equal(out[: 10 * MS], samples[: 10 * MS])
 
 
-@pytest.mark.parametrize("samples", [silence(1.0), np.zeros(0, np.float32), noise_floor(0.5, level=5e-5)],
-                         ids=["zeros", "empty", "below-threshold"])
+@pytest.mark.parametrize(
+    "samples", [silence(1.0), np.zeros(0, np.float32), noise_floor(0.5, level=5e-5)], ids=["zeros", "empty", "below-threshold"]
+)
 def test_trim_all_silence_is_empty(samples):
     out = audio.trim_silence(samples, RATE)
     assert out.size == 0
@@ -109,7 +114,7 @@ def test_trim_keeps_sound_that_fills_the_whole_signal():
 def test_trim_keeps_sound_in_a_signal_shorter_than_a_gate_frame():
     # Regression: sample indexes were taken for gate-frame indexes, and the sound was trimmed away.
     samples = np.zeros(5 * MS, np.float32)  # 5 ms
-    samples[2 * MS:] = 0.5
+    samples[2 * MS :] = 0.5
     out = audio.trim_silence(samples, RATE)
     assert np.max(np.abs(out)) == pytest.approx(0.5)
 
@@ -123,6 +128,7 @@ def test_trim_keeps_sound_in_the_last_partial_gate_frame():
 
 
 # -- normalise -------------------------------------------------------------------------------------
+
 
 def sounding_rms(samples):
     peak = np.max(np.abs(samples))
@@ -156,14 +162,16 @@ def test_normalise_keeps_the_shape():
     assert np.allclose(ratio, ratio[0], rtol=1e-5)
 
 
-@pytest.mark.parametrize("samples", [np.zeros(0, np.float32), silence(0.1), noise_floor(0.1, level=5e-5)],
-                         ids=["empty", "zeros", "below-threshold"])
+@pytest.mark.parametrize(
+    "samples", [np.zeros(0, np.float32), silence(0.1), noise_floor(0.1, level=5e-5)], ids=["empty", "zeros", "below-threshold"]
+)
 def test_normalise_leaves_silence_alone(samples):
     out = audio.normalise(samples)
     assert np.array_equal(out, samples)
 
 
 # -- pcm16 and wav ---------------------------------------------------------------------------------
+
 
 def test_pcm16_values_and_little_endian():
     samples = np.array([0.0, 0.5, -0.5, 1.0, -1.0, 1e-6], dtype=np.float32)
@@ -173,9 +181,11 @@ def test_pcm16_values_and_little_endian():
     assert data[6:8] == b"\xff\x7f"  # 32767, low byte first
 
 
-@pytest.mark.parametrize("value,expected", [(1.5, 32767), (-1.5, -32768), (100.0, 32767), (-100.0, -32768),
-                                            (np.inf, 32767), (-np.inf, -32768)],
-                         ids=["1.5", "-1.5", "100", "-100", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "value,expected",
+    [(1.5, 32767), (-1.5, -32768), (100.0, 32767), (-100.0, -32768), (np.inf, 32767), (-np.inf, -32768)],
+    ids=["1.5", "-1.5", "100", "-100", "inf", "-inf"],
+)
 def test_pcm16_clips(value, expected):
     assert np.frombuffer(audio.pcm16(np.array([value], np.float32)), "<i2")[0] == expected
 

@@ -28,16 +28,20 @@ from .support.communicator import HANG_GUARD_S, PATH, application, event, output
 # reserved_names() asks the process engine: a FakeEngine (conftest), so no model is loaded.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("process_engine")]
 
-AUTH_EVENT = {"type": "error", "message": "Invalid or missing API key", "error_type": "authentication_error",
-              "code": 401}
+AUTH_EVENT = {"type": "error", "message": "Invalid or missing API key", "error_type": "authentication_error", "code": 401}
 
 
 def limit_event(limit):
-    return {"type": "error", "message": f"Too many concurrent sessions for this API key (limit {limit})",
-            "error_type": "rate_limit_error", "code": 429}
+    return {
+        "type": "error",
+        "message": f"Too many concurrent sessions for this API key (limit {limit})",
+        "error_type": "rate_limit_error",
+        "code": 429,
+    }
 
 
 # -- fixtures --------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def slots(monkeypatch):
@@ -88,6 +92,7 @@ async def ws():
 
 # -- helpers ------------------------------------------------------------------------------------------------
 
+
 async def configure(comm, **config):
     await send(comm, {"type": "session.config", "session": config})
     return await event(comm, "session.configured")
@@ -127,6 +132,7 @@ def slot_count(slots, key_row):
 
 
 # -- authentication ------------------------------------------------------------------------------------------
+
 
 async def test_a_header_key_is_accepted(keys_on, key, ws, slots):
     row, secret = key
@@ -189,6 +195,7 @@ async def test_without_required_keys_no_credential_is_needed_and_nothing_is_coun
 
 
 # -- tokens ----------------------------------------------------------------------------------------------------
+
 
 async def test_a_token_is_accepted_once(keys_on, key, ws, slots):
     row, secret = key
@@ -256,6 +263,7 @@ async def test_keys_and_tokens_never_reach_the_logs(keys_on, key, ws, caplog):
 
 
 # -- per-key limit ---------------------------------------------------------------------------------------------
+
 
 async def test_the_third_concurrent_session_of_a_key_is_refused_with_429_then_4013(keys_on, key, ws, slots):
     row, secret = key
@@ -353,8 +361,12 @@ async def test_a_session_that_never_configures_and_times_out_frees_the_slot(keys
     settings.SPEECH_CONFIG_TIMEOUT_S = 0.2
     row, secret = key
     idle = await ws(secret=secret)
-    assert await event(idle) == {"type": "error", "message": "session.config was not received before timeout",
-                                 "error_type": "BadRequestError", "code": 400}
+    assert await event(idle) == {
+        "type": "error",
+        "message": "session.config was not received before timeout",
+        "error_type": "BadRequestError",
+        "code": 400,
+    }
     await closed_with(idle, 4008)
     await idle.disconnect()
     assert slot_count(slots, row) == 0
@@ -386,11 +398,19 @@ async def test_a_key_limited_to_zero_sessions_gets_none(keys_on, ws, transaction
 
 # -- uploaded voices in a session --------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def alice(media, transactional_db):
     data = samples.good("flac")
-    voice = create_voice(name="Alice", consent="yes", data=data, filename="alice.flac", content_type="audio/flac",
-                         transcript="The quick brown fox.", language="en")
+    voice = create_voice(
+        name="Alice",
+        consent="yes",
+        data=data,
+        filename="alice.flac",
+        content_type="audio/flac",
+        transcript="The quick brown fox.",
+        language="en",
+    )
     return voice, data
 
 
@@ -436,8 +456,13 @@ async def test_an_engine_without_reference_audio_fails_the_handshake(keys_off, a
     engine = FakeEngine()
     comm = await ws(engine)
     await send(comm, {"type": "session.config", "session": {"voice": "alice"}})
-    assert await event(comm) == {"type": "error", "error_type": "BadRequestError", "code": 400, "param": "voice",
-                                 "message": "voice 'alice' needs an engine with reference audio; engine 'fake' has none"}
+    assert await event(comm) == {
+        "type": "error",
+        "error_type": "BadRequestError",
+        "code": 400,
+        "param": "voice",
+        "message": "voice 'alice' needs an engine with reference audio; engine 'fake' has none",
+    }
     await closed_with(comm, 4008)
     assert engine.requests == []
 
@@ -452,8 +477,13 @@ async def test_a_deactivated_or_deleted_voice_is_unknown(keys_off, alice, ws, ch
     engine = FakeEngine(reference_audio=True)
     comm = await ws(engine)
     await send(comm, {"type": "session.config", "session": {"voice": "Alice"}})
-    assert await event(comm) == {"type": "error", "error_type": "BadRequestError", "code": 400, "param": "voice",
-                                 "message": "Unknown voice 'Alice'. Supported voices: fake, alt"}
+    assert await event(comm) == {
+        "type": "error",
+        "error_type": "BadRequestError",
+        "code": 400,
+        "param": "voice",
+        "message": "Unknown voice 'Alice'. Supported voices: fake, alt",
+    }
     await closed_with(comm, 4008)
     assert engine.requests == []
 

@@ -62,8 +62,9 @@ async def held_session(server):
     before = await collect(ws, until=audio_past(1.0))
     assert before.close_code is None, before.types()
     await asyncio.to_thread(held, server)
-    await asyncio.to_thread(wait_for, lambda: metric(server, "speech_engine_queue_depth") == 0,
-                            "the held session's look-ahead synthesised")
+    await asyncio.to_thread(
+        wait_for, lambda: metric(server, "speech_engine_queue_depth") == 0, "the held session's look-ahead synthesised"
+    )
     return ws, configured["session_id"], before.items
 
 
@@ -102,13 +103,23 @@ async def test_a_cancel_while_held_stops_the_segment_and_drops_the_rest(server):
         assert problems == []
         cut = segments[-1]
         # The segment being sent when the cancel came: cut, with exactly the bytes the client got.
-        assert cut.done == {"type": "audio.done", "id": f"{sid}-{cut.index}", "sentence_index": cut.index,
-                            "total_bytes": len(cut.audio), "error": False, "cancelled": True}
+        assert cut.done == {
+            "type": "audio.done",
+            "id": f"{sid}-{cut.index}",
+            "sentence_index": cut.index,
+            "total_bytes": len(cut.audio),
+            "error": False,
+            "cancelled": True,
+        }
         assert 0 < len(cut.audio)
         assert all(not s.done["cancelled"] and s.done["total_bytes"] == len(s.audio) for s in segments[:-1])
-        assert after.events[-1] == {"type": "input.cancelled", "session_id": sid,
-                                    "cancelled_sentences": len(SENTENCES) - cut.index,
-                                    "total_sentences": cut.index + 1, "origin": "client"}
+        assert after.events[-1] == {
+            "type": "input.cancelled",
+            "session_id": sid,
+            "cancelled_sentences": len(SENTENCES) - cut.index,
+            "total_sentences": cut.index + 1,
+            "origin": "client",
+        }
         # Nothing more of the dropped speech; the session goes on with the next free index.
         await send_json(ws, {"type": "input.text", "text": "Sure. "})
         await send_json(ws, {"type": "input.done"})

@@ -31,16 +31,26 @@ def server():
 
 
 def client(*args, url, **kwargs):
-    return subprocess.run([PYTHON, "-m", "speech.client", "--url", url, *args], cwd=PROJECT_ROOT,
-                          capture_output=True, timeout=RUN_TIMEOUT_S, **kwargs)
+    return subprocess.run(
+        [PYTHON, "-m", "speech.client", "--url", url, *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        timeout=RUN_TIMEOUT_S,
+        **kwargs,
+    )
 
 
 class Running:
     """The client as a process whose stderr lines and stdout bytes are collected as they come."""
 
     def __init__(self, args, url, cwd=PROJECT_ROOT):
-        self.proc = subprocess.Popen([PYTHON, "-m", "speech.client", "--url", url, *args], cwd=cwd,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "speech.client", "--url", url, *args],
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         self.lines, self.stdout = [], bytearray()
         self.readers = [threading.Thread(target=self._err, daemon=True), threading.Thread(target=self._out, daemon=True)]
         for reader in self.readers:
@@ -111,7 +121,7 @@ def test_ctrl_c_keeps_the_audio_so_far_and_exits_130(server, tmp_path):
     assert not any(line.startswith("error") for line in run.lines), run.lines
     samples, rate = soundfile.read(out, dtype="float32")  # a valid WAV: the header was completed
     assert rate == 24000 and samples.size / rate > 1.0  # at least the first sentence
-    assert float(np.sqrt(np.mean(samples ** 2))) > 0.02
+    assert float(np.sqrt(np.mean(samples**2))) > 0.02
 
 
 def test_refused_connection_is_one_line_and_exit_3(tmp_path):
@@ -119,8 +129,12 @@ def test_refused_connection_is_one_line_and_exit_3(tmp_path):
     copy = tmp_path / "speak.py"
     shutil.copy(PROJECT_ROOT / "speech" / "client.py", copy)
     port = free_port()
-    done = subprocess.run([PYTHON, str(copy), "--url", f"http://127.0.0.1:{port}", "Hello."], cwd=tmp_path,
-                          capture_output=True, timeout=RUN_TIMEOUT_S)
+    done = subprocess.run(
+        [PYTHON, str(copy), "--url", f"http://127.0.0.1:{port}", "Hello."],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert done.returncode == 3
     lines = done.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot connect to ws://127.0.0.1:{port}/v1/audio/speech/stream")
@@ -140,8 +154,14 @@ def test_flac_is_refused_before_connecting(tmp_path):
 
 def test_bad_key_and_good_key(tmp_path):
     with serving({"SPEECH_ENGINE": "fake", "SPEECH_REQUIRE_API_KEY": "true"}) as srv:
-        made = subprocess.run([PYTHON, "manage.py", "create_api_key", "cli"], cwd=PROJECT_ROOT,
-                              env=srv.environment(), capture_output=True, text=True, timeout=120)
+        made = subprocess.run(
+            [PYTHON, "manage.py", "create_api_key", "cli"],
+            cwd=PROJECT_ROOT,
+            env=srv.environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         key = made.stdout.strip().splitlines()[-1]
         bad = client("--key", "tts_00000000.wrong", "Hello.", url=srv.ws_url)
         assert bad.returncode == 1

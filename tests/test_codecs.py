@@ -78,7 +78,6 @@ def probe_signal(rate, seconds=1.0):
     return x.astype(np.float32)
 
 
-
 @pytest.mark.parametrize("rate", SAMPLE_RATES)
 @pytest.mark.parametrize("fmt", sorted(FILE_FORMATS))
 def test_file_format_decodes_independently(fmt, rate):
@@ -107,11 +106,11 @@ def test_file_format_decodes_independently(fmt, rate):
     else:
         assert lag <= abs(high), lag
     assert score > 0.99, f"{fmt} at {rate}: correlation {score:.4f} with the input"
-    aligned = y[lag: lag + x.size]
+    aligned = y[lag : lag + x.size]
     level_db = 20 * np.log10(rms(aligned) / rms(x))
     assert abs(level_db) < LEVEL_DB, f"{fmt} at {rate}: level changed by {level_db:.2f} dB"
     # A steady part of the tone (before the burst) keeps its pitch.
-    steady = aligned[int(0.05 * out_rate): int(0.4 * out_rate)]
+    steady = aligned[int(0.05 * out_rate) : int(0.4 * out_rate)]
     assert abs(tone_frequency(steady, out_rate) - TONE_HZ) < 2.0
 
 
@@ -159,6 +158,7 @@ def test_clipping_is_saturation_not_wraparound():
 
 
 # -- raw formats -------------------------------------------------------------------------------------
+
 
 def g711_bound(reference):
     """One G.711 quantisation step at each sample, in 16-bit units: steps grow with the level,
@@ -210,6 +210,7 @@ def test_raw_encoder_rejects_file_formats():
 
 
 # -- failures ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("rate", [22050, 44100])
 def test_encoder_refusal_is_an_encoding_error(rate):
@@ -312,16 +313,18 @@ async def test_session_file_per_segment_at_the_announced_rate(speech, fmt, rate)
         assert np.max(np.abs(ints - expected)) <= 1, "lossless formats carry the resampled samples"
     else:
         lag = AAC_PRIMING if fmt == "aac" else 0
-        y = decoded.samples[lag: lag + reference.size]
+        y = decoded.samples[lag : lag + reference.size]
         # each 0.4 s chunk keeps its tone (its middle 0.2 s, away from the joins)
         for i, tone in enumerate((220.0, 240.0, 260.0)):
-            part = y[int((i * CHUNK_S + 0.1) * out_rate): int((i * CHUNK_S + 0.3) * out_rate)]
+            part = y[int((i * CHUNK_S + 0.1) * out_rate) : int((i * CHUNK_S + 0.3) * out_rate)]
             assert abs(tone_frequency(part, out_rate) - tone) < 2.0, (i, tone_frequency(part, out_rate))
     await s.finish()
 
 
-@pytest.mark.parametrize("fmt,rate", [("mulaw", None), ("alaw", None), ("mulaw", 24000), ("alaw", 16000),
-                                      ("pcm", 48000), ("pcm", 8000), ("pcm", 22050)])
+@pytest.mark.parametrize(
+    "fmt,rate",
+    [("mulaw", None), ("alaw", None), ("mulaw", 24000), ("alaw", 16000), ("pcm", 48000), ("pcm", 8000), ("pcm", 22050)],
+)
 async def test_session_streamed_raw_frames(speech, fmt, rate):
     engine = fake()
     config = {"response_format": fmt, "stream_audio": True} | ({} if rate is None else {"sample_rate": rate})
@@ -384,10 +387,20 @@ async def test_session_encoder_failure_fails_only_that_segment(speech, monkeypat
     s = await speech(engine, response_format="wav")
     session_id = s.session.session_id
     items = await run_to_close(s, ["First one. Second one. "])
-    assert items[0] == ("json", {"type": "error", "message": "wav encoder failed: boom", "error_type": "server_error",
-                                 "id": f"{session_id}-0", "sentence_index": 0})
-    assert items[1] == ("json", {"type": "audio.done", "id": f"{session_id}-0", "sentence_index": 0,
-                                 "total_bytes": 0, "error": True, "cancelled": False})
+    assert items[0] == (
+        "json",
+        {
+            "type": "error",
+            "message": "wav encoder failed: boom",
+            "error_type": "server_error",
+            "id": f"{session_id}-0",
+            "sentence_index": 0,
+        },
+    )
+    assert items[1] == (
+        "json",
+        {"type": "audio.done", "id": f"{session_id}-0", "sentence_index": 0, "total_bytes": 0, "error": True, "cancelled": False},
+    )
     segments = check_segment_order(items)
     start, frames, done = segments[1]
     assert start["sentence_text"] == "Second one." and done["error"] is False
@@ -408,7 +421,7 @@ async def test_session_speed_is_stretched_when_the_engine_cannot(speech):
     assert abs(samples.size / 16000 - SEGMENT_S / 2) <= 0.05 * SEGMENT_S / 2
     assert [r.speed for r in engine.requests] == [1.0]
     # the first tone (220 Hz, now 0.2 s long) keeps its pitch
-    assert abs(tone_frequency(samples[int(0.03 * 16000): int(0.17 * 16000)], 16000) - 220.0) < 3.0
+    assert abs(tone_frequency(samples[int(0.03 * 16000) : int(0.17 * 16000)], 16000) - 220.0) < 3.0
     await s.finish()
 
 
@@ -433,13 +446,25 @@ async def test_session_default_rate_is_the_engines(speech):
 
 
 BAD_CONFIGS = [
-    ("unknown-format", {"response_format": "ogg"},
-     "response_format must be one of: aac, alaw, flac, mp3, mulaw, opus, pcm, wav", "response_format"),
+    (
+        "unknown-format",
+        {"response_format": "ogg"},
+        "response_format must be one of: aac, alaw, flac, mp3, mulaw, opus, pcm, wav",
+        "response_format",
+    ),
     ("format-not-a-string", {"response_format": 3}, "response_format must be a string", "response_format"),
-    ("unknown-rate", {"sample_rate": 11025},
-     "sample_rate must be one of: 8000, 16000, 22050, 24000, 44100, 48000", "sample_rate"),
-    ("rate-for-mulaw", {"response_format": "mulaw", "sample_rate": 32000},
-     "sample_rate must be one of: 8000, 16000, 22050, 24000, 44100, 48000", "sample_rate"),
+    (
+        "unknown-rate",
+        {"sample_rate": 11025},
+        "sample_rate must be one of: 8000, 16000, 22050, 24000, 44100, 48000",
+        "sample_rate",
+    ),
+    (
+        "rate-for-mulaw",
+        {"response_format": "mulaw", "sample_rate": 32000},
+        "sample_rate must be one of: 8000, 16000, 22050, 24000, 44100, 48000",
+        "sample_rate",
+    ),
     ("rate-float", {"sample_rate": 8000.0}, "sample_rate must be an integer", "sample_rate"),
     ("rate-bool", {"sample_rate": True}, "sample_rate must be an integer", "sample_rate"),
     ("speed-low", {"speed": 0.2499}, "speed must be between 0.25 and 4.0", "speed"),
@@ -447,10 +472,18 @@ BAD_CONFIGS = [
     ("speed-zero", {"speed": 0}, "speed must be between 0.25 and 4.0", "speed"),
     ("speed-negative", {"speed": -1}, "speed must be between 0.25 and 4.0", "speed"),
     ("speed-string", {"speed": "2"}, "speed must be a number", "speed"),
-    ("stream-mp3", {"response_format": "mp3", "stream_audio": True},
-     "stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", "response_format"),
-    ("stream-opus", {"response_format": "opus", "stream_audio": True},
-     "stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", "response_format"),
+    (
+        "stream-mp3",
+        {"response_format": "mp3", "stream_audio": True},
+        "stream_audio=true requires a raw response_format (pcm, mulaw, alaw)",
+        "response_format",
+    ),
+    (
+        "stream-opus",
+        {"response_format": "opus", "stream_audio": True},
+        "stream_audio=true requires a raw response_format (pcm, mulaw, alaw)",
+        "response_format",
+    ),
 ]
 
 
@@ -459,21 +492,29 @@ async def test_session_bad_audio_config_is_fatal(speech, config, message, param)
     engine = fake()
     s = await speech(engine, configure=False)
     await s.send({"type": "session.config", "session": config})
-    assert await s.t.event("error") == {"type": "error", "message": message, "error_type": "BadRequestError",
-                                        "param": param, "code": 400}
+    assert await s.t.event("error") == {
+        "type": "error",
+        "message": message,
+        "error_type": "BadRequestError",
+        "param": param,
+        "code": 400,
+    }
     await s.t.closed(4008)
     assert engine.requests == []
     await s.finish()
 
 
-@pytest.mark.parametrize("config,expected", [
-    ({"speed": SPEED_MIN}, {"sample_rate": 24000}),
-    ({"speed": SPEED_MAX, "response_format": " MP3 "}, {"response_format": "mp3"}),
-    ({"speed": 1, "response_format": "Opus", "sample_rate": 22050}, {"response_format": "opus", "sample_rate": 48000}),
-    ({"response_format": "MULAW", "stream_audio": True}, {"response_format": "mulaw", "sample_rate": 8000}),
-    ({"response_format": "alaw", "sample_rate": 44100}, {"sample_rate": 44100}),
-    ({"sample_rate": None, "speed": None}, {"sample_rate": 24000}),  # null skips: defaults
-])
+@pytest.mark.parametrize(
+    "config,expected",
+    [
+        ({"speed": SPEED_MIN}, {"sample_rate": 24000}),
+        ({"speed": SPEED_MAX, "response_format": " MP3 "}, {"response_format": "mp3"}),
+        ({"speed": 1, "response_format": "Opus", "sample_rate": 22050}, {"response_format": "opus", "sample_rate": 48000}),
+        ({"response_format": "MULAW", "stream_audio": True}, {"response_format": "mulaw", "sample_rate": 8000}),
+        ({"response_format": "alaw", "sample_rate": 44100}, {"sample_rate": 44100}),
+        ({"sample_rate": None, "speed": None}, {"sample_rate": 24000}),  # null skips: defaults
+    ],
+)
 async def test_session_good_audio_config(speech, config, expected):
     s = await speech(fake(), **config)
     for key, value in expected.items():

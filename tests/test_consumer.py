@@ -20,6 +20,7 @@ from .support.communicator import HANG_GUARD_S, PATH, application, event, output
 # The handshake looks uploaded voices up in the database (from the consumer's DB thread).
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 def communicator(engine, origin=None):
     headers = [(b"origin", origin.encode("latin1"))] if origin is not None else []
     return WebsocketCommunicator(application(engine), PATH, headers=headers)
@@ -40,9 +41,14 @@ async def test_full_session_with_audio():
     sid = configured["session_id"]
     assert re.match(r"^speech_ws_[0-9a-f]{32}$", sid)
     assert configured["engine"] == "fake" and configured["voice"] == "alt"
-    assert configured["limits"] == {"config_timeout_s": 10.0, "idle_timeout_s": 30.0, "max_config_bytes": 16777216,
-                                    "max_message_bytes": 131072, "max_pending_chars": 262144,
-                                    "max_segment_chars": 4096}
+    assert configured["limits"] == {
+        "config_timeout_s": 10.0,
+        "idle_timeout_s": 30.0,
+        "max_config_bytes": 16777216,
+        "max_message_bytes": 131072,
+        "max_pending_chars": 262144,
+        "max_segment_chars": 4096,
+    }
     await send(comm, {"type": "input.text", "text": "Grüß dich. How are"})
     await send(comm, {"type": "input.text", "text": " you today?"})
     await send(comm, {"type": "input.done"})
@@ -55,8 +61,14 @@ async def test_full_session_with_audio():
         while (message := await output(comm)).get("bytes") is not None:
             total += len(message["bytes"])
         done = json.loads(message["text"])
-        assert done == {"type": "audio.done", "id": f"{sid}-{index}", "sentence_index": index, "total_bytes": total,
-                        "error": False, "cancelled": False}
+        assert done == {
+            "type": "audio.done",
+            "id": f"{sid}-{index}",
+            "sentence_index": index,
+            "total_bytes": total,
+            "error": False,
+            "cancelled": False,
+        }
         assert total == 2 * engine.chunk_samples * 2
     assert texts == ["Grüß dich.", "How are you today?"]
     assert await event(comm) == {"type": "session.done", "session_id": sid, "total_sentences": 2}
@@ -78,8 +90,12 @@ async def test_binary_frames_are_a_recoverable_error():
     engine = FakeEngine()
     comm, _ = await connected(engine)
     await comm.send_to(bytes_data=b"\x00\x01\x02")
-    assert await event(comm) == {"type": "error", "message": "speech WebSocket client messages must be text frames",
-                                 "error_type": "BadRequestError", "code": 400}
+    assert await event(comm) == {
+        "type": "error",
+        "message": "speech WebSocket client messages must be text frames",
+        "error_type": "BadRequestError",
+        "code": 400,
+    }
     await send(comm, {"type": "input.text", "text": "Still here."})
     await send(comm, {"type": "input.commit"})
     await event(comm, "input.committed")
@@ -91,11 +107,14 @@ async def test_binary_frames_are_a_recoverable_error():
     await comm.disconnect()
 
 
-@pytest.mark.parametrize("first,message,code", [
-    ({"type": "input.text", "text": "hi"}, "first WebSocket message must be session.config", 4008),
-    ({"type": "session.config", "session": {"voice": "nobody"}},
-     "Unknown voice 'nobody'. Supported voices: fake, alt", 4008),
-], ids=["not-config", "bad-voice"])
+@pytest.mark.parametrize(
+    "first,message,code",
+    [
+        ({"type": "input.text", "text": "hi"}, "first WebSocket message must be session.config", 4008),
+        ({"type": "session.config", "session": {"voice": "nobody"}}, "Unknown voice 'nobody'. Supported voices: fake, alt", 4008),
+    ],
+    ids=["not-config", "bad-voice"],
+)
 async def test_fatal_error_then_close_code(first, message, code):
     comm = communicator(FakeEngine())
     assert (await comm.connect(HANG_GUARD_S))[0]
@@ -139,15 +158,27 @@ async def test_cancel_through_the_socket():
     await event(comm, "audio.start")
     sent = len((await output(comm))["bytes"]) + len((await output(comm))["bytes"])
     await send(comm, {"type": "input.cancel"})
-    assert await event(comm) == {"type": "audio.done", "id": f"{sid}-0", "sentence_index": 0, "total_bytes": sent,
-                                 "error": False, "cancelled": True}
-    assert await event(comm) == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 2,
-                                 "total_sentences": 1, "origin": "client"}
+    assert await event(comm) == {
+        "type": "audio.done",
+        "id": f"{sid}-0",
+        "sentence_index": 0,
+        "total_bytes": sent,
+        "error": False,
+        "cancelled": True,
+    }
+    assert await event(comm) == {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": 2,
+        "total_sentences": 1,
+        "origin": "client",
+    }
     assert engine.running == 0
     await comm.disconnect()
 
 
 # -- Origin policy ---------------------------------------------------------------------------------
+
 
 async def test_no_origin_is_accepted():
     comm = communicator(FakeEngine())
@@ -156,15 +187,15 @@ async def test_no_origin_is_accepted():
     await comm.disconnect()
 
 
-@pytest.mark.parametrize("origin", ["http://localhost:8000", "http://127.0.0.1:8000", "https://localhost",
-                                    "http://[::1]:8000"])
+@pytest.mark.parametrize("origin", ["http://localhost:8000", "http://127.0.0.1:8000", "https://localhost", "http://[::1]:8000"])
 async def test_allowed_origin_is_accepted(origin):
     comm, _ = await connected(FakeEngine(), origin)
     await comm.disconnect()
 
 
-@pytest.mark.parametrize("origin", ["http://evil.example", "https://localhost.evil.example", "null",
-                                    "http://127.0.0.2:8000", "file://"])
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example", "https://localhost.evil.example", "null", "http://127.0.0.2:8000", "file://"]
+)
 async def test_origin_not_allowed_is_refused(origin):
     engine = FakeEngine()
     comm = communicator(engine, origin)
@@ -211,14 +242,16 @@ async def test_server_shutdown_terminates_the_session():
     while not comm.output_queue.empty():
         rest.append(comm.output_queue.get_nowait())
     rest = [message for message in rest if message.get("bytes") is None]  # frames of chunk 0 may precede
-    assert [json.loads(rest[0]["text"])] == [{"type": "error", "error_type": "server_error",
-                                               "message": "speech session terminated: the server is shutting down"}]
+    assert [json.loads(rest[0]["text"])] == [
+        {"type": "error", "error_type": "server_error", "message": "speech session terminated: the server is shutting down"}
+    ]
     assert rest[1]["type"] == "websocket.close" and rest[1]["code"] == 4001
     assert len(rest) == 2
     assert engine.running == 0 and engine.aborted == 2
 
 
 # -- text frames must be valid UTF-8 (RFC 6455); daphne encodes them with str.encode("utf8") ---------
+
 
 def utf8_text(message):
     assert message["type"] == "websocket.send" and message.get("text") is not None, message

@@ -60,6 +60,7 @@ async def eventually(condition, what, timeout=WAIT_S):
 
 # -- SpeechChannelLayer on a private redis-server --------------------------------------------------------
 
+
 @pytest.fixture
 def private_redis():
     with RedisServer() as server:
@@ -139,8 +140,7 @@ async def test_a_join_while_redis_is_away_returns_at_once_and_happens_when_it_is
 
 
 async def test_send_and_liveness_with_redis_away_raise_signals_unavailable(private_redis):
-    config = {"default": {"BACKEND": "speech.control.layer.SpeechChannelLayer",
-                          "CONFIG": {"hosts": [private_redis.url(7)]}}}
+    config = {"default": {"BACKEND": "speech.control.layer.SpeechChannelLayer", "CONFIG": {"hosts": [private_redis.url(7)]}}}
     with override_settings(CHANNEL_LAYERS=config):
         sid = new_id()
         assert await control.has_members(sid) is False
@@ -162,14 +162,17 @@ async def test_two_deployments_on_one_redis_never_see_each_others_signals_or_slo
     assert (await asyncio.wait_for(receiving_one, HANG_GUARD_S))["reason"] == "for one"  # never "for two"
     assert private_redis.group_members(sid, db=7, prefix="one") == 1
     assert private_redis.group_members(sid, db=7, prefix="two") == 1
-    await eventually(lambda: all(private_redis.has_key(f"{p}:instance:{control.instance_id()}", db=7)
-                                 for p in ("one", "two")), "each deployment's heartbeat")
+    await eventually(
+        lambda: all(private_redis.has_key(f"{p}:instance:{control.instance_id()}", db=7) for p in ("one", "two")),
+        "each deployment's heartbeat",
+    )
     slots_one, slots_two = RedisSlots(private_redis.url(7), "one"), RedisSlots(private_redis.url(7), "two")
     assert await slots_one.acquire("key", new_id(), 1) and await slots_two.acquire("key", new_id(), 1)
     assert not await slots_one.acquire("key", new_id(), 1)
 
 
 # -- the consumer on the in-memory layer (no REDIS_URL) ---------------------------------------------------
+
 
 @pytest.mark.django_db(transaction=True)
 async def test_the_consumer_joins_its_group_takes_signals_through_dispatch_and_leaves():
@@ -180,8 +183,13 @@ async def test_the_consumer_joins_its_group_takes_signals_through_dispatch_and_l
     sid = (await event(comm, "session.configured"))["session_id"]
     assert await control.has_members(sid)
     await control.send(control.CANCEL, sid)  # nothing speaking: answered like a client's input.cancel
-    assert await event(comm) == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0,
-                                 "total_sentences": 0, "origin": "server"}
+    assert await event(comm) == {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": 0,
+        "total_sentences": 0,
+        "origin": "server",
+    }
     await control.send(control.TERMINATE, sid, "operator says so")
     assert await event(comm) == {"type": "error", "message": "operator says so", "error_type": "server_error"}
     closed = await comm.receive_output(HANG_GUARD_S)
@@ -192,9 +200,16 @@ async def test_the_consumer_joins_its_group_takes_signals_through_dispatch_and_l
 
 # -- SpeechSession.handle_signal ----------------------------------------------------------------------------
 
+
 def audio_done(session_id, index, total_bytes, *, cancelled=False):
-    return {"type": "audio.done", "id": f"{session_id}-{index}", "sentence_index": index,
-            "total_bytes": total_bytes, "error": False, "cancelled": cancelled}
+    return {
+        "type": "audio.done",
+        "id": f"{session_id}-{index}",
+        "sentence_index": index,
+        "total_bytes": total_bytes,
+        "error": False,
+        "cancelled": cancelled,
+    }
 
 
 async def speaking(speech, text="First one. Second one. Third one. "):
@@ -214,8 +229,13 @@ async def test_server_cancel_mid_segment(speech):
     assert engine.running == 2  # segment 0 and its look-ahead
     await s.session.handle_signal(control.message(control.CANCEL, sid))
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)
-    assert await s.t.event() == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 3,
-                                 "total_sentences": 1, "origin": "server"}
+    assert await s.t.event() == {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": 3,
+        "total_sentences": 1,
+        "origin": "server",
+    }
     await s.barrier()  # nothing else: queued segments dropped without events
     assert engine.running == 0 and engine.aborted == 2
     # The session goes on: new text takes the next free index.
@@ -232,8 +252,13 @@ async def test_server_cancel_mid_segment(speech):
 
 
 def cancelled_event(sid, cancelled, total):
-    return {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": cancelled,
-            "total_sentences": total, "origin": "server"}
+    return {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": cancelled,
+        "total_sentences": total,
+        "origin": "server",
+    }
 
 
 async def test_server_cancel_when_idle_is_answered_like_a_client_cancel(speech):
@@ -329,8 +354,13 @@ async def test_server_cancel_after_input_done_ends_the_session_normally(speech):
     await s.send({"type": "input.done"})
     await s.session.handle_signal(control.message(control.CANCEL, sid))
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)
-    assert await s.t.event() == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 3,
-                                 "total_sentences": 1, "origin": "server"}
+    assert await s.t.event() == {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": 3,
+        "total_sentences": 1,
+        "origin": "server",
+    }
     assert await s.t.event() == {"type": "session.done", "session_id": sid, "total_sentences": 1}
     await s.t.closed(1000)
     assert s.session.outcome == OUTCOME_COMPLETED
@@ -392,6 +422,7 @@ async def test_unknown_signal_kind_is_ignored(speech):
 
 
 # -- outcomes (what the registry records at the end) -------------------------------------------------------
+
 
 async def test_outcome_completed_after_input_done(speech):
     s = await speech(FakeEngine(chunks=2), stream_audio=True)

@@ -68,14 +68,16 @@ SENTENCES = [f"This is sentence number {i} of a rather long text that keeps on g
 LONG_TEXT = " ".join(SENTENCES) + " "
 
 
-
 class Cluster:
     def __init__(self, redis_url):
         self.dir = Path(tempfile.mkdtemp(prefix="control-live-"))
         self.db = self.dir / "db.sqlite3"
         self.tag = uuid.uuid4().hex[:8]
         self.env = {
-            "SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_IDLE_TIMEOUT_S": "30", "REDIS_URL": redis_url,
+            "SPEECH_ENGINE": "hibari",
+            "SPEECH_REQUIRE_API_KEY": "false",
+            "SPEECH_IDLE_TIMEOUT_S": "30",
+            "REDIS_URL": redis_url,
             "DATABASE_URL": f"sqlite:///{self.db}",
             "MEDIA_ROOT": str(self.dir / "media"),
         }
@@ -103,11 +105,11 @@ class Cluster:
 
     def set_voice(self, session_id, voice):
         with sqlite3.connect(self.db, timeout=10) as db:
-            assert db.execute("UPDATE speech_sessionrecord SET voice = ? WHERE session_id = ?",
-                              (voice, session_id)).rowcount == 1
+            assert db.execute("UPDATE speech_sessionrecord SET voice = ? WHERE session_id = ?", (voice, session_id)).rowcount == 1
 
     def ended_record(self, session_id):
         """The row once the session's outcome is written (bounded poll)."""
+
         def ended():
             row = self.record(session_id)
             assert row is not None, f"no registry row for {session_id}"
@@ -118,8 +120,9 @@ class Cluster:
     def manage(self, *args, extra_env=None):
         """A manage.py command against the shared database and Redis."""
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", **self.env, **(extra_env or {})}
-        return subprocess.run([PYTHON, "manage.py", *args], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [PYTHON, "manage.py", *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +154,11 @@ def healthy(cluster):
 
 # -- helpers -----------------------------------------------------------------------------------------
 
+
 def not_live(session_id):
-    return {"error": {"message": f"no live session '{session_id}'", "type": "not_found_error",
-                      "param": "session_id", "code": 404}}
+    return {
+        "error": {"message": f"no live session '{session_id}'", "type": "not_found_error", "param": "session_id", "code": 404}
+    }
 
 
 def accepted(session_id, kind):
@@ -170,8 +175,7 @@ def check_terminated(items, close_code, message=TERMINATED):
     assert problems == []
     assert close_code == 4001, close_code
     last = items[-1]
-    assert last.kind == "event" and last.data == {"type": "error", "message": message,
-                                                  "error_type": "server_error"}, items[-3:]
+    assert last.kind == "event" and last.data == {"type": "error", "message": message, "error_type": "server_error"}, items[-3:]
     for segment in segments:  # every completed segment was whole; the cut one has no audio.done
         if segment.done is not None:
             assert segment.done["total_bytes"] == len(segment.audio)
@@ -191,6 +195,7 @@ def check_row(row, instance, *, status, items):
 
 # -- cancel and terminate from B ---------------------------------------------------------------------------
 
+
 async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
     a, b = cluster.a, cluster.b
     ws, sid, items = await speaking_session(a, LONG_TEXT)
@@ -206,14 +211,24 @@ async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
         segments, problems = segments_of(items)
         assert problems == []
         cut = segments[-1]
-        assert cut.done == {"type": "audio.done", "id": f"{sid}-{cut.index}", "sentence_index": cut.index,
-                            "total_bytes": len(cut.audio), "error": False, "cancelled": True}
+        assert cut.done == {
+            "type": "audio.done",
+            "id": f"{sid}-{cut.index}",
+            "sentence_index": cut.index,
+            "total_bytes": len(cut.audio),
+            "error": False,
+            "cancelled": True,
+        }
         assert items[-2].data is cut.done
         assert all(s.done["cancelled"] is False and s.done["total_bytes"] == len(s.audio) for s in segments[:-1])
-        assert [s.start["sentence_text"] for s in segments] == SENTENCES[:len(segments)]
-        assert items[-1].data == {"type": "input.cancelled", "session_id": sid,
-                                  "cancelled_sentences": len(SENTENCES) - cut.index,
-                                  "total_sentences": cut.index + 1, "origin": "server"}
+        assert [s.start["sentence_text"] for s in segments] == SENTENCES[: len(segments)]
+        assert items[-1].data == {
+            "type": "input.cancelled",
+            "session_id": sid,
+            "cancelled_sentences": len(SENTENCES) - cut.index,
+            "total_sentences": cut.index + 1,
+            "origin": "server",
+        }
 
         # The session goes on: new text is spoken with the next free index.
         await send_json(ws, {"type": "input.text", "text": "Sure, let me check. "})
@@ -260,8 +275,9 @@ async def test_cancel_from_b_when_nothing_is_speaking_is_answered_with_nothing_c
         first = await collect(ws, until=is_event("audio.done"))
         assert await rest(cluster.b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
         answer = await collect(ws, until=is_event("input.cancelled"))
-        assert answer.events == [{"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0,
-                                  "total_sentences": 1, "origin": "server"}]
+        assert answer.events == [
+            {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0, "total_sentences": 1, "origin": "server"}
+        ]
         await send_json(ws, {"type": "input.text", "text": "And another one. "})
         await send_json(ws, {"type": "input.done"})
         rest_ = await collect(ws)
@@ -276,6 +292,7 @@ async def test_cancel_from_b_when_nothing_is_speaking_is_answered_with_nothing_c
 
 # -- the first milliseconds, and the group's lifetime ----------------------------------------------------
 
+
 @pytest.mark.parametrize("round_", range(5))
 async def test_a_cancel_and_a_terminate_from_b_right_after_session_configured_reach_the_session(cluster, round_):
     """The registry row is written after session.configured, in the background; a signal sent from
@@ -286,12 +303,12 @@ async def test_a_cancel_and_a_terminate_from_b_right_after_session_configured_re
         sid = (await configure(ws, CONFIG))["session_id"]
         assert await rest(cluster.b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
         answer = await collect(ws, until=is_event("input.cancelled"))
-        assert answer.events == [{"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0,
-                                  "total_sentences": 0, "origin": "server"}]
+        assert answer.events == [
+            {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0, "total_sentences": 0, "origin": "server"}
+        ]
         assert await rest(cluster.b, "DELETE", session_path(sid)) == (202, accepted(sid, "terminate"))
         end = await collect(ws)
-        assert end.close_code == 4001 and end.events == [
-            {"type": "error", "message": TERMINATED, "error_type": "server_error"}]
+        assert end.close_code == 4001 and end.events == [{"type": "error", "message": TERMINATED, "error_type": "server_error"}]
     finally:
         await ws.close()
     assert cluster.ended_record(sid)["status"] == "terminated"
@@ -308,8 +325,9 @@ async def test_the_readme_snippet_cancels_a_session_from_a_separate_process(clus
     try:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", **cluster.env}
         program = f"import django\ndjango.setup()\nsession_id = {sid!r}\n{snippet}"
-        done = await asyncio.to_thread(subprocess.run, [PYTHON, "-c", program], cwd=PROJECT_ROOT, env=env,
-                                       capture_output=True, text=True, timeout=120)
+        done = await asyncio.to_thread(
+            subprocess.run, [PYTHON, "-c", program], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr
         after = await collect(ws, until=is_event("input.cancelled"))
         items += after.items
@@ -346,6 +364,7 @@ async def test_the_session_leaves_its_group_however_it_ends(cluster, how):
 
 
 # -- the registry tells the truth --------------------------------------------------------------------------
+
 
 async def test_completed_session_is_recorded_completed(cluster):
     result = await run_session(cluster.a.ws_url, CONFIG, ["Hello there. ", "How are you today?"])
@@ -394,8 +413,15 @@ async def test_failed_session_is_recorded_failed(cluster):
 
 async def test_admin_lists_live_sessions_and_terminates_one_on_another_instance(cluster):
     password = uuid.uuid4().hex
-    done = cluster.manage("createsuperuser", "--noinput", "--username", "ops", "--email", "ops@example.com",
-                          extra_env={"DJANGO_SUPERUSER_PASSWORD": password})
+    done = cluster.manage(
+        "createsuperuser",
+        "--noinput",
+        "--username",
+        "ops",
+        "--email",
+        "ops@example.com",
+        extra_env={"DJANGO_SUPERUSER_PASSWORD": password},
+    )
     assert done.returncode == 0, done.stderr
     ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     try:
@@ -404,8 +430,7 @@ async def test_admin_lists_live_sessions_and_terminates_one_on_another_instance(
         page = await asyncio.to_thread(admin.get, "/admin/speech/sessionrecord/?status__exact=active")
         assert sid in page and cluster.instance("A") in page
         assert "Cancel current speech" in page and "Terminate" in page
-        page = await asyncio.to_thread(admin.action, "/admin/speech/sessionrecord/?status__exact=active",
-                                       "terminate", [sid])
+        page = await asyncio.to_thread(admin.action, "/admin/speech/sessionrecord/?status__exact=active", "terminate", [sid])
         assert "Sent terminate to 1 live session(s)." in page
         end = await collect(ws)
         items += end.items
@@ -444,17 +469,28 @@ class Admin:
 
     def login(self, username, password):
         page = self.get("/admin/login/?next=/admin/")
-        page = self.post("/admin/login/?next=/admin/", {"username": username, "password": password,
-                                                         "csrfmiddlewaretoken": self.token(page), "next": "/admin/"})
+        page = self.post(
+            "/admin/login/?next=/admin/",
+            {"username": username, "password": password, "csrfmiddlewaretoken": self.token(page), "next": "/admin/"},
+        )
         assert "Log out" in page or "logout" in page, "admin login failed"
 
     def action(self, path, action, selected):
         page = self.get(path)
-        return self.post(path, {"csrfmiddlewaretoken": self.token(page), "action": action, "index": "0",
-                                "select_across": "0", "_selected_action": selected})
+        return self.post(
+            path,
+            {
+                "csrfmiddlewaretoken": self.token(page),
+                "action": action,
+                "index": "0",
+                "select_across": "0",
+                "_selected_action": selected,
+            },
+        )
 
 
 # -- voices ending their sessions --------------------------------------------------------------------------
+
 
 def multipart(fields, files):
     boundary = uuid.uuid4().hex
@@ -462,18 +498,22 @@ def multipart(fields, files):
     for name, value in fields.items():
         parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
     for name, (filename, content_type, data) in files.items():
-        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-                     f"Content-Type: {content_type}\r\n\r\n".encode() + data + b"\r\n")
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+            f"Content-Type: {content_type}\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+        )
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
 async def test_deleting_a_voice_on_b_terminates_the_sessions_using_it_on_a(cluster):
     name = f"ctl{uuid.uuid4().hex[:10]}"
-    body, content_type = multipart({"name": name, "consent": "recorded with consent"},
-                                   {"audio_sample": ("sample.wav", "audio/wav", wav_bytes(2.0))})
-    status, created = await rest(cluster.b, "POST", "/v1/audio/voices", body=body,
-                                 headers={"Content-Type": content_type})
+    body, content_type = multipart(
+        {"name": name, "consent": "recorded with consent"}, {"audio_sample": ("sample.wav", "audio/wav", wav_bytes(2.0))}
+    )
+    status, created = await rest(cluster.b, "POST", "/v1/audio/voices", body=body, headers={"Content-Type": content_type})
     assert status == 201 and created["name"] == name, created
     # The embedded engine cannot speak an uploaded voice; the registry says this session uses it.
     ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
@@ -503,8 +543,7 @@ async def test_end_sessions_using_called_in_another_process_terminates_the_sessi
     ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     try:
         assert cluster.active_ids() == {sid}, "another session is still active: the call would end it too"
-        done = cluster.manage("shell", "-c", "from speech.voices import end_sessions_using; "
-                                             "end_sessions_using('HEART')")
+        done = cluster.manage("shell", "-c", "from speech.voices import end_sessions_using; end_sessions_using('HEART')")
         assert done.returncode == 0, done.stderr
         end = await collect(ws)
         items += end.items
@@ -515,6 +554,7 @@ async def test_end_sessions_using_called_in_another_process_terminates_the_sessi
 
 
 # -- shutdown ----------------------------------------------------------------------------------------------
+
 
 async def test_sigterm_terminates_sessions_with_4001_and_records_them(cluster):
     c = cluster.server("C")
@@ -542,8 +582,7 @@ async def test_sigterm_terminates_sessions_with_4001_and_records_them(cluster):
     for items, end in ((items1, ends[0]), (items2, ends[1])):
         items += end.items
         check_terminated(items, end.close_code, SHUTDOWN)
-    assert ends[2].close_code == 4001 and ends[2].events == [
-        {"type": "error", "message": SHUTDOWN, "error_type": "server_error"}]
+    assert ends[2].close_code == 4001 and ends[2].events == [{"type": "error", "message": SHUTDOWN, "error_type": "server_error"}]
     # The process is gone: the rows were written before it exited.
     check_row(cluster.record(sid1), cluster.instance("C"), status="terminated", items=items1)
     check_row(cluster.record(sid2), cluster.instance("C"), status="terminated", items=items2)

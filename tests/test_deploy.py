@@ -64,14 +64,26 @@ class Stack:
         self.nginx = None
 
     def env(self, name):
-        return {"DATABASE_URL": self.db.url, "REDIS_URL": self.redis.url(0), "MEDIA_ROOT": str(self.media),
-                "DJANGO_ALLOWED_HOSTS": "*", "SPEECH_INSTANCE_ID": name, **self.extra_env}
+        return {
+            "DATABASE_URL": self.db.url,
+            "REDIS_URL": self.redis.url(0),
+            "MEDIA_ROOT": str(self.media),
+            "DJANGO_ALLOWED_HOSTS": "*",
+            "SPEECH_INSTANCE_ID": name,
+            **self.extra_env,
+        }
 
     def start(self):
         self.redis.start()
         self.db.__enter__()
-        done = subprocess.run(compose_command("migrate"), cwd=PROJECT_ROOT, env=local_environment(self.env("migrate")),
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            compose_command("migrate"),
+            cwd=PROJECT_ROOT,
+            env=local_environment(self.env("migrate")),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         for name in INSTANCES:
             self.instances[name] = DaphneServer(self.env(name), migrate=False).start()
@@ -97,8 +109,10 @@ class Stack:
 
     def instance_of(self, session_id):
         """Where the session registry (in PostgreSQL) says the session lives."""
-        rows = wait_for(lambda: self.db.query("SELECT instance FROM speech_sessionrecord WHERE session_id = %s",
-                                              session_id), f"session {session_id} in the registry")
+        rows = wait_for(
+            lambda: self.db.query("SELECT instance FROM speech_sessionrecord WHERE session_id = %s", session_id),
+            f"session {session_id} in the registry",
+        )
         return rows[0][0]
 
     def next_upstream(self):
@@ -153,6 +167,7 @@ async def finish(ws, so_far=None):
 
 # -- tests --------------------------------------------------------------------------------------
 
+
 def test_1_a_websocket_session_through_nginx(stack):
     result = asyncio.run(run_session(stack.nginx.ws_url, CONFIG, ["Hello from behind the proxy. ", "How are you?"]))
     assert result.close_code == 1000 and result.types()[-1] == "session.done"
@@ -176,7 +191,8 @@ async def test_2_a_rest_cancel_through_nginx_reaches_the_session_wherever_it_liv
         ws, sid, so_far = sessions[homes.index(next(name for name in INSTANCES if name != target))]
         path = f"/v1/audio/speech/sessions/{sid}/cancel"
         (status, body), upstream = await asyncio.to_thread(
-            stack.nginx.served_by, "POST", path, lambda: http("POST", stack.nginx.http_url + path, b""))
+            stack.nginx.served_by, "POST", path, lambda: http("POST", stack.nginx.http_url + path, b"")
+        )
         assert status == 202, body
         assert stack.name_of(upstream) == target != stack.instance_of(sid)
         so_far = await collect(ws, so_far, until=is_event("input.cancelled"))
@@ -195,11 +211,15 @@ async def test_3_a_voice_uploaded_through_one_instance_speaks_in_a_session_on_th
         cloning = await asyncio.to_thread(_cloning_stack, upstream)
         try:
             audio = samples.good("wav", 2.0)
-            body, content_type = samples.multipart({"name": "shared-voice", "consent": "recorded with consent"},
-                                                   {"audio_sample": ("ref.wav", audio, "audio/wav")})
+            body, content_type = samples.multipart(
+                {"name": "shared-voice", "consent": "recorded with consent"}, {"audio_sample": ("ref.wav", audio, "audio/wav")}
+            )
             (status, reply), via = await asyncio.to_thread(
-                cloning.nginx.served_by, "POST", "/v1/audio/voices",
-                lambda: http("POST", cloning.nginx.http_url + "/v1/audio/voices", body, {"Content-Type": content_type}))
+                cloning.nginx.served_by,
+                "POST",
+                "/v1/audio/voices",
+                lambda: http("POST", cloning.nginx.http_url + "/v1/audio/voices", body, {"Content-Type": content_type}),
+            )
             assert status == 201, reply
             uploader = cloning.name_of(via)
             stored = list((cloning.media / "voices").iterdir())
@@ -231,18 +251,23 @@ async def test_4_the_sqlite_single_container_mode_runs_the_dockerfile_commands()
     env = local_environment(env)
     env.pop("REDIS_URL", None)
     log = open(data / "server.log", "wb")
-    proc = subprocess.Popen(facts["cmd"], cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        facts["cmd"], cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
     try:
-        await asyncio.to_thread(wait_for, lambda: proc.poll() is not None or port_accepts("127.0.0.1", port),
-                                "the container's command listening", 120)
+        await asyncio.to_thread(
+            wait_for, lambda: proc.poll() is not None or port_accepts("127.0.0.1", port), "the container's command listening", 120
+        )
         assert proc.poll() is None, (data / "server.log").read_text()
         probe = await asyncio.to_thread(subprocess.run, facts["healthcheck"], env=env, capture_output=True, timeout=30)
         assert probe.returncode == 0, probe.stderr  # the image's HEALTHCHECK: ready
-        body, content_type = samples.multipart({"name": "kept", "consent": "recorded with consent"},
-                                               {"audio_sample": ("ref.wav", samples.good("wav", 2.0), "audio/wav")})
-        status, reply = await asyncio.to_thread(http, "POST", f"http://127.0.0.1:{port}/v1/audio/voices", body,
-                                                {"Content-Type": content_type})
+        body, content_type = samples.multipart(
+            {"name": "kept", "consent": "recorded with consent"},
+            {"audio_sample": ("ref.wav", samples.good("wav", 2.0), "audio/wav")},
+        )
+        status, reply = await asyncio.to_thread(
+            http, "POST", f"http://127.0.0.1:{port}/v1/audio/voices", body, {"Content-Type": content_type}
+        )
         assert status == 201, reply
         result = await run_session(f"ws://127.0.0.1:{port}/v1/audio/speech/stream", CONFIG, ["Hello there."])
         assert result.close_code == 1000 and result.audio_frames

@@ -95,8 +95,12 @@ def test_the_nginx_template_is_valid_nginx():
     finally:
         shutil.rmtree(nginx.dir, ignore_errors=True)
     assert code == 0, said
-    for directive in ("proxy_buffering off;", "proxy_read_timeout 1h;", "proxy_set_header Upgrade $http_upgrade;",
-                      "proxy_http_version 1.1;"):
+    for directive in (
+        "proxy_buffering off;",
+        "proxy_read_timeout 1h;",
+        "proxy_set_header Upgrade $http_upgrade;",
+        "proxy_http_version 1.1;",
+    ):
         assert directive in site
 
 
@@ -110,8 +114,11 @@ def test_the_image_runs_as_tts_which_owns_its_data_directory():
 
 
 def test_the_build_context_holds_what_the_dockerfile_copies_and_no_venv():
-    patterns = [line.strip() for line in (PROJECT_ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (PROJECT_ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
     def included(path):
         keep = True

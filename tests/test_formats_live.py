@@ -78,8 +78,7 @@ _pcm_reference: dict[int, list[np.ndarray]] = {}
 async def pcm_reference(server, rate):
     """int16 samples of each sentence in a non-streamed pcm session at `rate` (cached)."""
     if rate not in _pcm_reference:
-        configured, segments = await synthesize(server, {"response_format": "pcm", "sample_rate": rate},
-                                                [" ".join(SENTENCES)])
+        configured, segments = await synthesize(server, {"response_format": "pcm", "sample_rate": rate}, [" ".join(SENTENCES)])
         assert configured["sample_rate"] == rate
         _pcm_reference[rate] = [pcm16_ints(s.audio) for s in segments]
     return _pcm_reference[rate]
@@ -104,12 +103,12 @@ def check_heard(model, samples, rate, sentence):
 
 # -- every format, non-streamed ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("rate", [24000, 8000])
 @pytest.mark.parametrize("fmt", FORMATS)
 async def test_format_non_streamed(server, fmt, rate):
     out_rate = 48000 if fmt == "opus" else rate
-    configured, segments = await synthesize(server, {"response_format": fmt, "sample_rate": rate},
-                                            [" ".join(SENTENCES)])
+    configured, segments = await synthesize(server, {"response_format": fmt, "sample_rate": rate}, [" ".join(SENTENCES)])
     assert configured["response_format"] == fmt and configured["sample_rate"] == out_rate
     assert [s.start["sentence_text"] for s in segments] == SENTENCES
     reference = await pcm_reference(server, out_rate)
@@ -138,12 +137,13 @@ async def test_format_non_streamed(server, fmt, rate):
             assert score > 0.95, f"{fmt}: correlation {score:.3f} with the pcm of the same speech"
             if fmt == "aac":
                 assert abs(lag - AAC_PRIMING) <= 2, lag
-            aligned = decoded.samples[lag: lag + ref.size]
+            aligned = decoded.samples[lag : lag + ref.size]
             level_db = 20 * np.log10(rms(aligned) / rms(ref))
             assert abs(level_db) < 1.0, f"{fmt}: level {level_db:+.2f} dB against pcm"
 
 
 # -- Whisper round trips ----------------------------------------------------------------------------------
+
 
 async def test_mp3_round_trip(server, whisper):
     configured, segments = await synthesize(server, {"response_format": "mp3"}, [" ".join(SENTENCES)])
@@ -156,8 +156,7 @@ async def test_mp3_round_trip(server, whisper):
 
 
 async def test_streamed_mulaw_8k_round_trip(server, whisper):
-    configured, segments = await synthesize(server, {"response_format": "mulaw"}, [" ".join(SENTENCES)],
-                                            stream=True)
+    configured, segments = await synthesize(server, {"response_format": "mulaw"}, [" ".join(SENTENCES)], stream=True)
     assert configured["sample_rate"] == 8000 and configured["stream_audio"] is True  # G.711's default rate
     for segment, sentence in zip(segments, SENTENCES):
         assert segment.start["sample_rate"] == 8000 and segment.start["format"] == "mulaw"
@@ -170,8 +169,9 @@ async def test_streamed_mulaw_8k_round_trip(server, whisper):
 
 @pytest.mark.parametrize("rate", [48000, 8000])
 async def test_streamed_pcm_resampled_round_trip(server, whisper, rate):
-    configured, segments = await synthesize(server, {"response_format": "pcm", "sample_rate": rate},
-                                            [" ".join(SENTENCES)], stream=True)
+    configured, segments = await synthesize(
+        server, {"response_format": "pcm", "sample_rate": rate}, [" ".join(SENTENCES)], stream=True
+    )
     assert configured["sample_rate"] == rate
     for segment, sentence in zip(segments, SENTENCES):
         assert segment.start["sample_rate"] == rate
@@ -211,7 +211,8 @@ async def check_speed(server, sentence, speed):
     f0_base, f0 = median_f0(base, 24000), median_f0(fast, 24000)
     assert abs(f0 / f0_base - 1) <= 0.05, f"speed {speed}: median F0 {f0:.1f} Hz, at 1.0 {f0_base:.1f} Hz"
     assert abs(fast_s / expected - 1) <= 0.05, (
-        f"speed {speed}: speech lasts {fast_s:.2f} s, expected {expected:.2f} s ({base_s:.2f} s at 1.0)")
+        f"speed {speed}: speech lasts {fast_s:.2f} s, expected {expected:.2f} s ({base_s:.2f} s at 1.0)"
+    )
 
 
 @pytest.mark.parametrize("speed", [0.5, 2.0, 0.25, 4.0])

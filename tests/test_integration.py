@@ -40,8 +40,12 @@ pytestmark = pytest.mark.live
 
 RATE = 24000
 # The real engine and the contract's defaults, whatever the caller's environment says.
-SERVER_ENV = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false",
-              "SPEECH_CONFIG_TIMEOUT_S": "10", "SPEECH_IDLE_TIMEOUT_S": "30"}
+SERVER_ENV = {
+    "SPEECH_ENGINE": "hibari",
+    "SPEECH_REQUIRE_API_KEY": "false",
+    "SPEECH_CONFIG_TIMEOUT_S": "10",
+    "SPEECH_IDLE_TIMEOUT_S": "30",
+}
 MIB = 1024 * 1024
 CONFIG_LIMIT = 16 * MIB
 MESSAGE_LIMIT = 131072
@@ -70,11 +74,13 @@ def no_traceback_after_each_test(server):
 
 # -- helpers ---------------------------------------------------------------------------------------
 
+
 def token(item):
     if item.kind == "audio":
         return "b"
     return {"audio.start": "S", "audio.done": "D", "session.done": "E", "error": "!", "input.cancelled": "C"}.get(
-        item.data["type"], "?")
+        item.data["type"], "?"
+    )
 
 
 def first_loud_index(samples, fraction=0.10):
@@ -102,20 +108,41 @@ def health(server):
 
 # -- full sessions ------------------------------------------------------------------------------------
 
-STREAM_CHUNKS = ["Hel", "lo th", "ere. H", "ow are y", "ou to", "day? Pi is rou", "ghly 3.", "14, you kn",
-                 "ow. The weather is lovely, and the bi", "rds are sing", "ing."]
-STREAM_SENTENCES = ["Hello there.", "How are you today?", "Pi is roughly 3.14, you know.",
-                    "The weather is lovely, and the birds are singing."]
+STREAM_CHUNKS = [
+    "Hel",
+    "lo th",
+    "ere. H",
+    "ow are y",
+    "ou to",
+    "day? Pi is rou",
+    "ghly 3.",
+    "14, you kn",
+    "ow. The weather is lovely, and the bi",
+    "rds are sing",
+    "ing.",
+]
+STREAM_SENTENCES = [
+    "Hello there.",
+    "How are you today?",
+    "Pi is roughly 3.14, you know.",
+    "The weather is lovely, and the birds are singing.",
+]
 
 
 async def test_streamed_pcm_session_follows_the_contract(server):
     result = await run_session(server.ws_url, {"response_format": "pcm", "stream_audio": True}, STREAM_CHUNKS)
     configured = result.configured
     assert SESSION_ID.match(configured["session_id"])
-    assert {k: configured[k] for k in ("response_format", "stream_audio", "split_granularity", "sample_rate",
-                                       "voice", "engine")} == {
-        "response_format": "pcm", "stream_audio": True, "split_granularity": "sentence", "sample_rate": RATE,
-        "voice": "heart", "engine": "hibari"}
+    assert {
+        k: configured[k] for k in ("response_format", "stream_audio", "split_granularity", "sample_rate", "voice", "engine")
+    } == {
+        "response_format": "pcm",
+        "stream_audio": True,
+        "split_granularity": "sentence",
+        "sample_rate": RATE,
+        "voice": "heart",
+        "engine": "hibari",
+    }
     assert configured["limits"] == EXPECTED_LIMITS
 
     # Order: (audio.start, binary+, audio.done)+ then session.done, and nothing else.
@@ -128,10 +155,22 @@ async def test_streamed_pcm_session_follows_the_contract(server):
     assert [s.start["sentence_text"] for s in segments] == STREAM_SENTENCES
     for index, segment in enumerate(segments):
         assert segment.index == index
-        assert segment.start == {"type": "audio.start", "id": f"{sid}-{index}", "sentence_index": index,
-                                 "sentence_text": STREAM_SENTENCES[index], "format": "pcm", "sample_rate": RATE}
-        assert segment.done == {"type": "audio.done", "id": f"{sid}-{index}", "sentence_index": index,
-                                "total_bytes": len(segment.audio), "error": False, "cancelled": False}
+        assert segment.start == {
+            "type": "audio.start",
+            "id": f"{sid}-{index}",
+            "sentence_index": index,
+            "sentence_text": STREAM_SENTENCES[index],
+            "format": "pcm",
+            "sample_rate": RATE,
+        }
+        assert segment.done == {
+            "type": "audio.done",
+            "id": f"{sid}-{index}",
+            "sentence_index": index,
+            "total_bytes": len(segment.audio),
+            "error": False,
+            "cancelled": False,
+        }
         assert all(len(frame) > 0 for frame in segment.frames)
         assert len(segment.audio) % 2 == 0
         samples = pcm16_to_float(segment.audio)
@@ -218,9 +257,11 @@ async def test_barge_in_cancels_and_the_next_text_gets_the_next_free_index(serve
         completed = sum(1 for done in dones if not done["cancelled"])
         assert completed < len(BARGE_SENTENCES), "everything was spoken: the cancel came too late to test"
         assert cancelled_event == {
-            "type": "input.cancelled", "session_id": sid,
+            "type": "input.cancelled",
+            "session_id": sid,
             "cancelled_sentences": len(BARGE_SENTENCES) - completed,
-            "total_sentences": len(segments), "origin": "client",
+            "total_sentences": len(segments),
+            "origin": "client",
         }
 
         # New text after the barge-in is spoken with the next free sentence_index, nothing else.
@@ -240,6 +281,7 @@ async def test_barge_in_cancels_and_the_next_text_gets_the_next_free_index(serve
 
 
 # -- bad input over the real socket -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("when", ["first frame", "after handshake"])
 async def test_invalid_utf8_text_frame_closes_only_that_connection(server, when):
@@ -270,8 +312,14 @@ async def test_session_config_over_16_mib_is_refused_with_4009(server, pad_char)
         result = await collect(ws, timeout=60)
     finally:
         await ws.close()
-    assert result.events == [{"type": "error", "message": f"session WebSocket message exceeds {CONFIG_LIMIT} bytes",
-                              "error_type": "BadRequestError", "code": 400}]
+    assert result.events == [
+        {
+            "type": "error",
+            "message": f"session WebSocket message exceeds {CONFIG_LIMIT} bytes",
+            "error_type": "BadRequestError",
+            "code": 400,
+        }
+    ]
     assert result.close_code == 4009
     await spoken_ok(server)
 
@@ -328,16 +376,23 @@ async def test_two_thousand_tiny_text_frames_in_a_burst(server):
     segments, problems = segments_of(result.items)
     assert problems == []
     assert [s.start["sentence_text"] for s in segments] == [
-        "Tiny pieces arrive one by one.", "Every single piece counts!", "Nothing is lost along the way?"]
+        "Tiny pieces arrive one by one.",
+        "Every single piece counts!",
+        "Nothing is lost along the way?",
+    ]
     assert all(s.done["total_bytes"] == len(s.audio) > 0 for s in segments)
     assert result.events[-1]["type"] == "session.done" and result.events[-1]["total_sentences"] == 3
     assert result.close_code == 1000
 
 
-@pytest.mark.parametrize("nested", [
-    "[" * 60000 + "]" * 60000,
-    '{"a":' * 20000 + "1" + "}" * 20000,
-], ids=["arrays", "objects"])
+@pytest.mark.parametrize(
+    "nested",
+    [
+        "[" * 60000 + "]" * 60000,
+        '{"a":' * 20000 + "1" + "}" * 20000,
+    ],
+    ids=["arrays", "objects"],
+)
 async def test_deeply_nested_json_is_a_recoverable_error(server, nested):
     assert len(nested.encode()) <= MESSAGE_LIMIT
     ws = await open_session(server.ws_url)
@@ -366,10 +421,11 @@ async def test_recoverable_errors_after_handshake_keep_the_session(server):
             (b"\x00\x01", {"message": "speech WebSocket client messages must be text frames"}),
             ("x" * (MESSAGE_LIMIT + 1), {"message": f"text WebSocket message exceeds {MESSAGE_LIMIT} bytes"}),
             ("[1, 2]", {"message": "speech WebSocket messages must be JSON objects"}),
-            (json.dumps({"type": "session.config"}),
-             {"message": "unsupported speech WebSocket message type: 'session.config'", "param": "type"}),
-            (json.dumps({"type": "input.text", "text": 5}),
-             {"message": "input.text text must be a string", "param": "text"}),
+            (
+                json.dumps({"type": "session.config"}),
+                {"message": "unsupported speech WebSocket message type: 'session.config'", "param": "type"},
+            ),
+            (json.dumps({"type": "input.text", "text": 5}), {"message": "input.text text must be a string", "param": "text"}),
         ]
         for frame, expected in cases:
             await ws.send(frame)
@@ -408,13 +464,13 @@ async def test_client_vanishing_mid_segment_does_not_disturb_other_sessions(serv
     assert problems == []
     assert [s.start["sentence_text"] for s in segments] == ["The other session goes on.", "It finishes normally."]
     assert all(s.done["total_bytes"] == len(s.audio) > 0 and not s.done["error"] for s in segments)
-    assert result.events[-1] == {"type": "session.done", "session_id": other_configured["session_id"],
-                                 "total_sentences": 2}
+    assert result.events[-1] == {"type": "session.done", "session_id": other_configured["session_id"], "total_sentences": 2}
     assert result.close_code == 1000
     await spoken_ok(server)
 
 
 # -- Origin, HTTP, management ---------------------------------------------------------------------------
+
 
 async def test_no_origin_header_is_accepted(server):
     ws = await open_session(server.ws_url, origin=None)
@@ -451,8 +507,7 @@ def test_healthz_reports_the_engine(server):
 
 
 def test_manage_py_check_passes():
-    done = subprocess.run([PYTHON, "manage.py", "check"], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([PYTHON, "manage.py", "check"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout
     assert "Traceback" not in done.stderr
@@ -473,6 +528,7 @@ def test_sigterm_stops_an_idle_server():
 
 
 # -- shutdown while a session is speaking -----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sigterm_mid_session():
@@ -515,7 +571,8 @@ def test_sigterm_mid_session_stops_the_server_within_a_bounded_wait(sigterm_mid_
 
 def test_sigterm_mid_session_exits_cleanly(sigterm_mid_session):
     assert sigterm_mid_session["returncode"] == 0, (
-        f"exit status {sigterm_mid_session['returncode']}:\n{sigterm_mid_session['stderr'][-2000:]}")
+        f"exit status {sigterm_mid_session['returncode']}:\n{sigterm_mid_session['stderr'][-2000:]}"
+    )
 
 
 def test_sigterm_mid_session_closes_the_session_with_4001(sigterm_mid_session):

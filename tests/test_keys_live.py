@@ -52,8 +52,14 @@ def shared():
         "SPEECH_CONFIG_TIMEOUT_S": "60",
         "SPEECH_IDLE_TIMEOUT_S": "60",
     }
-    done = subprocess.run([PYTHON, "manage.py", "migrate", "--noinput"], cwd=PROJECT_ROOT, env=_env(env),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [PYTHON, "manage.py", "migrate", "--noinput"],
+        cwd=PROJECT_ROOT,
+        env=_env(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     yield env
     shutil.rmtree(workdir, ignore_errors=True)
@@ -110,8 +116,14 @@ def new_key(shared, created_prefixes):
     """`manage.py create_api_key` with the servers' environment; returns the printed key."""
 
     def make(name="live-client", *extra):
-        done = subprocess.run([PYTHON, "manage.py", "create_api_key", name, *extra], cwd=PROJECT_ROOT,
-                              env=_env(shared), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [PYTHON, "manage.py", "create_api_key", name, *extra],
+            cwd=PROJECT_ROOT,
+            env=_env(shared),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         secret = done.stdout.strip()
         assert secret.startswith("tts_") and "." in secret, done.stdout
@@ -146,15 +158,18 @@ async def refused(url, *, headers=None, query=""):
 
 async def expect_limit(url, secret):
     event, code = await refused(url, headers=auth(secret))
-    assert event == {"type": "error", "message": f"Too many concurrent sessions for this API key (limit {LIMIT})",
-                     "error_type": "rate_limit_error", "code": 429}
+    assert event == {
+        "type": "error",
+        "message": f"Too many concurrent sessions for this API key (limit {LIMIT})",
+        "error_type": "rate_limit_error",
+        "code": 429,
+    }
     assert code == 4013
 
 
 async def expect_auth_error(url, *, headers=None, query=""):
     event, code = await refused(url, headers=headers, query=query)
-    assert event == {"type": "error", "message": "Invalid or missing API key", "error_type": "authentication_error",
-                     "code": 401}
+    assert event == {"type": "error", "message": "Invalid or missing API key", "error_type": "authentication_error", "code": 401}
     assert code == 4008
 
 
@@ -170,6 +185,7 @@ def http(server, method, path, *, headers=None, body=None, content_type=None):
 
 
 # -- tests ----------------------------------------------------------------------------------------------
+
 
 async def test_the_limit_holds_across_instances_and_a_closed_session_gives_its_slot_back(servers, new_key, rds):
     a, b = servers
@@ -224,7 +240,11 @@ async def test_a_key_created_with_its_own_limit(servers, new_key, rds):
         await configure(ws, {})
         event, code = await refused(b.ws_url, headers=auth(secret))
         assert (event["error_type"], event["code"], event["message"], code) == (
-            "rate_limit_error", 429, "Too many concurrent sessions for this API key (limit 1)", 4013)
+            "rate_limit_error",
+            429,
+            "Too many concurrent sessions for this API key (limit 1)",
+            4013,
+        )
     finally:
         await ws.close()
 
@@ -236,10 +256,20 @@ async def test_missing_wrong_and_revoked_keys_are_refused_on_both(servers, new_k
         await expect_auth_error(server.ws_url)
         await expect_auth_error(server.ws_url, headers=auth(secret.split(".")[0] + ".wrong"))
     revoke = subprocess.run(
-        [PYTHON, "manage.py", "shell", "-c",
-         "from django.utils import timezone; from speech.models import ApiKey; "
-         f"print(ApiKey.objects.filter(prefix='{secret.split('.')[0]}').update(revoked_at=timezone.now()))"],
-        cwd=PROJECT_ROOT, env=_env(shared), capture_output=True, text=True, timeout=60)
+        [
+            PYTHON,
+            "manage.py",
+            "shell",
+            "-c",
+            "from django.utils import timezone; from speech.models import ApiKey; "
+            f"print(ApiKey.objects.filter(prefix='{secret.split('.')[0]}').update(revoked_at=timezone.now()))",
+        ],
+        cwd=PROJECT_ROOT,
+        env=_env(shared),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert revoke.stdout.strip().splitlines()[-1] == "1", (revoke.stdout, revoke.stderr)
     for server in (a, b):
         await expect_auth_error(server.ws_url, headers=auth(secret))
@@ -251,8 +281,12 @@ async def test_a_token_from_a_works_once_on_b(servers, new_key):
     a, b = servers
     secret = new_key()
     status, body = http(a, "POST", "/v1/audio/speech/tokens")
-    assert status == 401 and body["error"] == {"message": "Invalid or missing API key",
-                                                "type": "authentication_error", "param": None, "code": 401}
+    assert status == 401 and body["error"] == {
+        "message": "Invalid or missing API key",
+        "type": "authentication_error",
+        "param": None,
+        "code": 401,
+    }
     status, body = http(a, "POST", "/v1/audio/speech/tokens", headers=auth(secret))
     assert status == 201 and body["expires_in"] == 60
     token = body["token"]
@@ -269,8 +303,9 @@ async def test_a_token_from_a_works_once_on_b(servers, new_key):
 async def test_rest_on_a_and_sessions_on_b_share_the_voices(servers, new_key):
     a, b = servers
     secret = new_key()
-    body, ctype = samples.multipart({"name": "SharedVoice", "consent": "Consent on file."},
-                                    {"audio_sample": ("x.wav", samples.good("wav"), "audio/wav")})
+    body, ctype = samples.multipart(
+        {"name": "SharedVoice", "consent": "Consent on file."}, {"audio_sample": ("x.wav", samples.good("wav"), "audio/wav")}
+    )
     status, created = http(a, "POST", "/v1/audio/voices", headers=auth(secret), body=body, content_type=ctype)
     assert status == 201, created
     status, listing = http(b, "GET", "/v1/audio/voices", headers=auth(secret))
@@ -281,9 +316,15 @@ async def test_rest_on_a_and_sessions_on_b_share_the_voices(servers, new_key):
         result = await collect(ws, timeout=GUARD_S)
     finally:
         await ws.close()
-    assert result.events == [{"type": "error", "error_type": "BadRequestError", "code": 400, "param": "voice",
-                              "message": "voice 'sharedvoice' needs an engine with reference audio; "
-                                         "engine 'fake' has none"}]
+    assert result.events == [
+        {
+            "type": "error",
+            "error_type": "BadRequestError",
+            "code": 400,
+            "param": "voice",
+            "message": "voice 'sharedvoice' needs an engine with reference audio; engine 'fake' has none",
+        }
+    ]
     assert result.close_code == 4008
     status, deleted = http(b, "DELETE", "/v1/audio/voices/SHAREDVOICE", headers=auth(secret))
     assert status == 200 and deleted["deleted"] is True
@@ -294,12 +335,19 @@ async def test_rest_on_a_and_sessions_on_b_share_the_voices(servers, new_key):
 async def test_an_oversized_upload_is_a_413_envelope_on_the_real_server(servers, new_key):
     a, _ = servers
     secret = new_key()
-    body, ctype = samples.multipart({"name": "huge", "consent": "yes"},
-                                    {"audio_sample": ("x.wav", b"\x00" * (12 * 1024 * 1024), "audio/wav")})
+    body, ctype = samples.multipart(
+        {"name": "huge", "consent": "yes"}, {"audio_sample": ("x.wav", b"\x00" * (12 * 1024 * 1024), "audio/wav")}
+    )
     status, envelope = http(a, "POST", "/v1/audio/voices", headers=auth(secret), body=body, content_type=ctype)
     assert status == 413
-    assert envelope == {"error": {"message": "audio_sample is larger than 10 MiB", "type": "BadRequestError",
-                                  "param": "audio_sample", "code": 413}}
+    assert envelope == {
+        "error": {
+            "message": "audio_sample is larger than 10 MiB",
+            "type": "BadRequestError",
+            "param": "audio_sample",
+            "code": 413,
+        }
+    }
     status, listing = http(a, "GET", "/v1/audio/voices", headers=auth(secret))
     assert "huge" not in listing["voices"]
 
@@ -327,7 +375,7 @@ async def test_a_killed_instance_slot_frees_itself_when_its_lease_runs_out(serve
         now = time.time()
         dead_deadline = rds.zscore(name, dead_id)
         assert dead_deadline is not None, "the dead session's lease is in Redis"
-        assert now < dead_deadline <= now + LEASE_S, (dead_deadline - now)
+        assert now < dead_deadline <= now + LEASE_S, dead_deadline - now
         assert rds.zscore(name, survivor_id) > dead_deadline
         assert rds.pttl(name) > 0, "the set expires by itself if nothing renews it"
 
@@ -369,6 +417,7 @@ async def test_keys_and_tokens_never_reach_the_server_logs(servers, new_key):
 
 
 # -- the Redis slots in-process, against the real Redis ------------------------------------------------------
+
 
 @pytest.fixture
 async def redis_slots(rds, monkeypatch):

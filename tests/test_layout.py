@@ -43,9 +43,10 @@ def test_the_session_core_loads_without_django_settings():
     """Importing the session (and through it the pipeline, the engine interface and the audio chain)
     loads no Django settings: not one module of Django is imported."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    probe = ("import sys, speech.stream.session, speech.stream.oneshot; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'channels')))")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                            text=True, timeout=60)
+    probe = (
+        "import sys, speech.stream.session, speech.stream.oneshot; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'channels')))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

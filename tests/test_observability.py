@@ -41,6 +41,7 @@ LONG_TEXT = " ".join(f"Sentence {i} of an answer that will be interrupted." for 
 
 # -- helpers ------------------------------------------------------------------------------------
 
+
 def scrape(server, headers=None):
     """{(sample name, sorted labels): value} of the server's /metrics."""
     status, body = http("GET", server.http_url + "/metrics", headers=headers)
@@ -62,6 +63,7 @@ def delta(before, after, name, **labels):
 
 # -- the module's server: Hibari, with a private Redis ------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def redis_server():
     with RedisServer() as server:
@@ -75,6 +77,7 @@ def server(redis_server):
 
 
 # -- metrics --------------------------------------------------------------------------------------
+
 
 async def test_metrics_follow_a_real_session(server):
     before = scrape(server)
@@ -96,8 +99,13 @@ async def test_metrics_follow_a_real_session(server):
         await asyncio.to_thread(held, server)  # still speaking, whatever the cancel's way takes
         status, _ = await asyncio.to_thread(http, "POST", f"{server.http_url}/v1/audio/speech/sessions/{sid}/cancel", b"")
         assert status == 202
-        received = await collect(ws, received, until=lambda item: item.kind == "event"
-                                 and item.data.get("type") == "input.cancelled" and item.data["origin"] == "server")
+        received = await collect(
+            ws,
+            received,
+            until=lambda item: (
+                item.kind == "event" and item.data.get("type") == "input.cancelled" and item.data["origin"] == "server"
+            ),
+        )
         # an error event: an unknown message type is BadRequestError 400
         await send_json(ws, {"type": "no.such.type"})
         received = await collect(ws, received, until=is_event("error"))
@@ -128,8 +136,7 @@ async def test_metrics_follow_a_real_session(server):
     assert delta(before, after, "speech_segment_real_time_factor_count") == synthesised
     assert delta(before, after, "speech_segment_synthesis_seconds_sum") > 0
     assert delta(before, after, "speech_rest_requests_total", endpoint="voice-list", method="GET", status="200") == 1
-    assert delta(before, after, "speech_rest_requests_total", endpoint="session-cancel", method="POST",
-                 status="202") == 1
+    assert delta(before, after, "speech_rest_requests_total", endpoint="session-cancel", method="POST", status="202") == 1
     assert value(after, "speech_engine_queue_depth") == 0  # nothing left in the engine's pool
     assert f"[{sid}]: session ended: completed" in server.stderr_text()
 
@@ -156,6 +163,7 @@ async def test_metrics_without_a_token_are_for_this_machine_only(rf, settings):
 
 # -- readiness --------------------------------------------------------------------------------------
 
+
 def health(server):
     status, body = http("GET", server.http_url + "/health")
     return status, json.loads(body)
@@ -169,9 +177,13 @@ def test_ready_when_database_redis_and_engine_are(server):
 
 def test_not_ready_names_each_failing_part():
     dead = free_port()
-    env = {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": f"http://127.0.0.1:{dead}/v1",
-           "SPEECH_UPSTREAM_VOICES": "alloy", "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-           "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/speech_no_such_database"}
+    env = {
+        "SPEECH_ENGINE": "openai",
+        "SPEECH_UPSTREAM_URL": f"http://127.0.0.1:{dead}/v1",
+        "SPEECH_UPSTREAM_VOICES": "alloy",
+        "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/speech_no_such_database",
+    }
     with DaphneServer(env, migrate=False) as srv:  # nothing to migrate into: the database is missing
         status, body = health(srv)
         liveness = http("GET", srv.http_url + "/healthz")[0]
@@ -197,8 +209,10 @@ def test_redis_gone_makes_the_instance_unready_until_it_is_back(server, redis_se
 
 # -- logs -------------------------------------------------------------------------------------------
 
+
 def test_json_logs_one_object_a_line_with_the_session_id():
     with serving({"SPEECH_ENGINE": "fake", "DJANGO_LOG_FORMAT": "json"}) as srv:
+
         async def one_session():
             ws = await open_session(srv.ws_url)
             try:

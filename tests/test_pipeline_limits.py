@@ -22,11 +22,14 @@ async def guard(awaitable):
 
 # -- Pipeline: look-ahead and pending-text accounting -------------------------------------------------
 
+
 async def until(condition):
     """Let the loop run until `condition()` holds (with a hang guard)."""
+
     async def poll():
         while not condition():
             await asyncio.sleep(0)
+
     await guard(poll())
 
 
@@ -83,7 +86,7 @@ async def test_queued_chars_count_only_segments_not_started():
     for k in range(5):
         engine.allow(1)
         await t.until("audio.done")
-        assert pipeline.queued_chars == sum(map(len, texts[k + 3:]))
+        assert pipeline.queued_chars == sum(map(len, texts[k + 3 :]))
     await idle.wait()
     assert idle.count == 1
     assert not pipeline.busy
@@ -104,8 +107,14 @@ async def test_cancel_resets_the_accounting_and_counts_undelivered_segments():
     await t.binary()
     await t.binary()
     assert await guard(pipeline.cancel()) == 4
-    assert await t.event() == {"type": "audio.done", "id": "speech_ws_" + "0" * 32 + "-0", "sentence_index": 0,
-                               "total_bytes": CHUNK_BYTES, "error": False, "cancelled": True}
+    assert await t.event() == {
+        "type": "audio.done",
+        "id": "speech_ws_" + "0" * 32 + "-0",
+        "sentence_index": 0,
+        "total_bytes": CHUNK_BYTES,
+        "error": False,
+        "cancelled": True,
+    }
     assert pipeline.queued_chars == 0
     assert pipeline.total_sentences == 1
     assert not pipeline.busy
@@ -133,6 +142,7 @@ async def test_pipeline_restarts_after_going_idle():
 
 
 # -- first audio first: the look-ahead waits for the current segment's first chunk ---------------------
+
 
 class GatedEngine(FakeEngine):
     """A FakeEngine whose every segment waits at its start until the test opens its gate."""
@@ -188,6 +198,7 @@ async def test_a_segment_that_fails_before_audio_still_lets_the_next_one_start()
 
 
 # -- backpressure: a client that stops reading holds delivery and synthesis ---------------------------
+
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 async def test_a_client_that_stops_reading_holds_delivery_and_synthesis(stream):

@@ -17,8 +17,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("process_engine", "
 def page_settings(client):
     response = client.get("/")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
-    found = re.search(r'<script id="playground-settings" type="application/json">(.*?)</script>',
-                      response.content.decode(), re.S)
+    found = re.search(r'<script id="playground-settings" type="application/json">(.*?)</script>', response.content.decode(), re.S)
     return json.loads(found.group(1))
 
 

@@ -45,12 +45,17 @@ def open_page(browser, url):
 
 
 def set_text(browser, text, mode="whole", pace=120):
-    browser.execute_script("""
+    browser.execute_script(
+        """
         const [text, mode, pace] = arguments;
         document.getElementById("text").value = text;
         document.getElementById("mode").value = mode;
         document.getElementById("pace").value = pace;
-    """, text, mode, pace)
+    """,
+        text,
+        mode,
+        pace,
+    )
 
 
 def click(browser, element_id):
@@ -73,8 +78,12 @@ def utterance_field(browser, name):
 def finished(browser):
     """The session has closed and the worklet has played everything it was given."""
     u = utterance(browser)
-    return u and u["closed"] and js(browser, "window.playground.buffered") == 0 and \
-        js(browser, "window.playground.played") == js(browser, "window.playground.received")
+    return (
+        u
+        and u["closed"]
+        and js(browser, "window.playground.buffered") == 0
+        and js(browser, "window.playground.played") == js(browser, "window.playground.received")
+    )
 
 
 def console_errors(browser):
@@ -105,8 +114,10 @@ def test_page_loads_with_no_console_errors(server, browser):
     open_page(browser, server.http_url + "/")
     voices = [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#voice option")]
     assert "heart" in voices
-    sources = [e.get_attribute("src") or e.get_attribute("href")
-               for e in browser.find_elements(By.CSS_SELECTOR, "script[src], link[href]")]
+    sources = [
+        e.get_attribute("src") or e.get_attribute("href")
+        for e in browser.find_elements(By.CSS_SELECTOR, "script[src], link[href]")
+    ]
     assert sources and all(s.startswith(server.http_url + "/static/") for s in sources), sources  # no CDN
     assert console_errors(browser) == []
 
@@ -138,7 +149,7 @@ def test_mulaw_at_its_own_rate_plays_every_sample(server, browser):
     assert js(browser, "window.playground.rate") == 8000
     assert js(browser, "window.playground.played") == u["bytesReceived"] == u["bytesAnnounced"]  # a byte a sample
     samples, _ = heard(browser)
-    assert float(np.sqrt(np.mean(samples ** 2))) > 0.02
+    assert float(np.sqrt(np.mean(samples**2))) > 0.02
 
 
 def stop_and_check_silence(browser):
@@ -223,8 +234,14 @@ USED_TOKENS = "from speech.models import AccessToken; print(AccessToken.objects.
 
 
 def manage_shell(srv, code):
-    done = subprocess.run([PYTHON, "manage.py", "shell", "-c", code], cwd=PROJECT_ROOT, env=srv.environment(),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [PYTHON, "manage.py", "shell", "-c", code],
+        cwd=PROJECT_ROOT,
+        env=srv.environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()[-1]  # after the banner of shell's automatic imports
 

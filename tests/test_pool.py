@@ -61,6 +61,7 @@ class Order:
             with self.lock:
                 self.ran.append(name)
             return name
+
         return run
 
 
@@ -82,8 +83,7 @@ async def release(gates, tasks):
 async def test_runs_work_off_the_event_loop_thread(pools):
     pool = pools(1)
     loop_thread = threading.get_ident()
-    ident, name = await asyncio.wait_for(
-        pool.run(lambda: (threading.get_ident(), threading.current_thread().name)), GUARD_S)
+    ident, name = await asyncio.wait_for(pool.run(lambda: (threading.get_ident(), threading.current_thread().name)), GUARD_S)
     assert ident != loop_thread
     assert name.startswith("test-pool")
     assert pool.running == 0 and pool.depth == 0

@@ -43,15 +43,26 @@ def refused(payload_or_fields, caps=CAPS, *, flat=False):
 
 
 def test_defaults_of_an_empty_nested_config():
-    assert config() == SessionConfig(voice="fake", response_format="pcm", sample_rate=24000, speed=1.0,
-                                     stream_audio=False, split_granularity="sentence", options={})
+    assert config() == SessionConfig(
+        voice="fake",
+        response_format="pcm",
+        sample_rate=24000,
+        speed=1.0,
+        stream_audio=False,
+        split_granularity="sentence",
+        options={},
+    )
 
 
-@pytest.mark.parametrize("payload", [
-    {"type": "session.config", "session": {"voice": "alt", "response_format": "wav", "speed": 2}},
-    {"type": "session.config", "voice": "alt", "response_format": "wav", "speed": 2},
-    {"type": "session.config", "session": None, "voice": "alt", "response_format": "wav", "speed": 2},
-], ids=["nested", "flat", "session-null-is-flat"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"type": "session.config", "session": {"voice": "alt", "response_format": "wav", "speed": 2}},
+        {"type": "session.config", "voice": "alt", "response_format": "wav", "speed": 2},
+        {"type": "session.config", "session": None, "voice": "alt", "response_format": "wav", "speed": 2},
+    ],
+    ids=["nested", "flat", "session-null-is-flat"],
+)
 def test_nested_and_flat_forms(payload):
     parsed = parse_config(payload, CAPS)
     assert (parsed.voice, parsed.response_format, parsed.speed) == ("alt", "wav", 2.0)
@@ -61,8 +72,11 @@ def test_unknown_keys_are_ignored():
     assert config(colour="blue", volume=3) == config()
 
 
-@pytest.mark.parametrize("session", ["x", 5, [], [{"voice": "alt"}], True, False, 0, ""],
-                         ids=["string", "int", "empty-list", "list", "true", "false", "zero", "empty-string"])
+@pytest.mark.parametrize(
+    "session",
+    ["x", 5, [], [{"voice": "alt"}], True, False, 0, ""],
+    ids=["string", "int", "empty-list", "list", "true", "false", "zero", "empty-string"],
+)
 def test_session_must_be_an_object(session):
     error = refused({"type": "session.config", "session": session})
     assert error.message == "session.config session must be an object"
@@ -104,8 +118,7 @@ TYPE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("field,value,kind", TYPE_CASES,
-                         ids=[f"{f}={v!r}" for f, v, _ in TYPE_CASES])
+@pytest.mark.parametrize("field,value,kind", TYPE_CASES, ids=[f"{f}={v!r}" for f, v, _ in TYPE_CASES])
 @pytest.mark.parametrize("flat", [False, True], ids=["nested", "flat"])
 def test_raw_type_checks(field, value, kind, flat):
     error = refused({field: value}, flat=flat)
@@ -113,19 +126,49 @@ def test_raw_type_checks(field, value, kind, flat):
     assert error.param == field
 
 
-@pytest.mark.parametrize("field,value", [
-    ("speed", 2), ("temperature", 1), ("top_p", 1), ("repetition_penalty", 1), ("sample_rate", 24000),
-    ("top_k", 40), ("max_new_tokens", 100), ("seed", 0), ("stream_audio", False),
-], ids=lambda v: repr(v))
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("speed", 2),
+        ("temperature", 1),
+        ("top_p", 1),
+        ("repetition_penalty", 1),
+        ("sample_rate", 24000),
+        ("top_k", 40),
+        ("max_new_tokens", 100),
+        ("seed", 0),
+        ("stream_audio", False),
+    ],
+    ids=lambda v: repr(v),
+)
 def test_well_typed_values_pass(field, value):
     config(**{field: value})
 
 
 def test_null_skips_every_check():
-    fields = {key: None for key in ("model", "voice", "speaker", "response_format", "sample_rate", "speed",
-                                    "stream_audio", "split_granularity", "language", "instructions",
-                                    "ref_audio", "ref_text", "temperature", "top_p", "top_k",
-                                    "repetition_penalty", "max_new_tokens", "seed")}
+    fields = {
+        key: None
+        for key in (
+            "model",
+            "voice",
+            "speaker",
+            "response_format",
+            "sample_rate",
+            "speed",
+            "stream_audio",
+            "split_granularity",
+            "language",
+            "instructions",
+            "ref_audio",
+            "ref_text",
+            "temperature",
+            "top_p",
+            "top_k",
+            "repetition_penalty",
+            "max_new_tokens",
+            "seed",
+        )
+    }
     assert config(**fields) == config()
 
 
@@ -142,25 +185,33 @@ FIRST_FAILURE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("fields,message", FIRST_FAILURE_CASES, ids=[m.split(" ")[0] + "-wins-" + str(i)
-                                                                     for i, (_, m) in enumerate(FIRST_FAILURE_CASES)])
+@pytest.mark.parametrize(
+    "fields,message",
+    FIRST_FAILURE_CASES,
+    ids=[m.split(" ")[0] + "-wins-" + str(i) for i, (_, m) in enumerate(FIRST_FAILURE_CASES)],
+)
 def test_first_failure_wins(fields, message):
     assert refused(fields).message == message
 
 
 # -- voice -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fields,voice", [
-    ({}, "fake"),
-    ({"voice": "default"}, "fake"),
-    ({"voice": "DEFAULT"}, "fake"),
-    ({"voice": "alt"}, "alt"),
-    ({"voice": "ALT"}, "alt"),
-    ({"voice": "Fake"}, "fake"),
-    ({"speaker": "alt"}, "alt"),
-    ({"speaker": "Alt"}, "alt"),
-    ({"speaker": "default"}, "fake"),
-], ids=["absent", "default", "DEFAULT", "alt", "ALT", "Fake", "speaker-alt", "speaker-Alt", "speaker-default"])
+
+@pytest.mark.parametrize(
+    "fields,voice",
+    [
+        ({}, "fake"),
+        ({"voice": "default"}, "fake"),
+        ({"voice": "DEFAULT"}, "fake"),
+        ({"voice": "alt"}, "alt"),
+        ({"voice": "ALT"}, "alt"),
+        ({"voice": "Fake"}, "fake"),
+        ({"speaker": "alt"}, "alt"),
+        ({"speaker": "Alt"}, "alt"),
+        ({"speaker": "default"}, "fake"),
+    ],
+    ids=["absent", "default", "DEFAULT", "alt", "ALT", "Fake", "speaker-alt", "speaker-Alt", "speaker-default"],
+)
 def test_voice(fields, voice):
     assert config(**fields).voice == voice
 
@@ -171,11 +222,15 @@ def test_voice_default_is_the_engines_default():
     assert config(caps, voice="default").voice == "alt"
 
 
-@pytest.mark.parametrize("fields,shown", [
-    ({"voice": "x"}, "x"),
-    ({"speaker": "Nobody"}, "Nobody"),
-    ({"voice": ""}, ""),
-], ids=["voice", "speaker", "empty"])
+@pytest.mark.parametrize(
+    "fields,shown",
+    [
+        ({"voice": "x"}, "x"),
+        ({"speaker": "Nobody"}, "Nobody"),
+        ({"voice": ""}, ""),
+    ],
+    ids=["voice", "speaker", "empty"],
+)
 def test_unknown_voice(fields, shown):
     error = refused(fields)
     assert error.message == f"Unknown voice '{shown}'. Supported voices: fake, alt"
@@ -184,8 +239,12 @@ def test_unknown_voice(fields, shown):
 
 # -- response_format, sample_rate, speed, stream_audio, split_granularity --------------------------
 
-@pytest.mark.parametrize("value,fmt", [("pcm", "pcm"), ("wav", "wav"), (" WAV ", "wav"), ("PCM", "pcm"),
-                                       ("\tPcm\n", "pcm")], ids=["pcm", "wav", "padded-WAV", "PCM", "tab-Pcm"])
+
+@pytest.mark.parametrize(
+    "value,fmt",
+    [("pcm", "pcm"), ("wav", "wav"), (" WAV ", "wav"), ("PCM", "pcm"), ("\tPcm\n", "pcm")],
+    ids=["pcm", "wav", "padded-WAV", "PCM", "tab-Pcm"],
+)
 def test_response_format_is_trimmed_and_lower_cased(value, fmt):
     assert config(response_format=value).response_format == fmt
 
@@ -197,10 +256,19 @@ def test_unknown_response_format(value):
     assert error.param == "response_format"
 
 
-@pytest.mark.parametrize("value, fmt, rate", [
-    ("mp3", "mp3", 24000), ("flac", "flac", 24000), ("aac", "aac", 24000), ("wav", "wav", 24000),
-    ("opus", "opus", 48000), ("mulaw", "mulaw", 8000), ("alaw", "alaw", 8000), (" MP3 ", "mp3", 24000),
-])
+@pytest.mark.parametrize(
+    "value, fmt, rate",
+    [
+        ("mp3", "mp3", 24000),
+        ("flac", "flac", 24000),
+        ("aac", "aac", 24000),
+        ("wav", "wav", 24000),
+        ("opus", "opus", 48000),
+        ("mulaw", "mulaw", 8000),
+        ("alaw", "alaw", 8000),
+        (" MP3 ", "mp3", 24000),
+    ],
+)
 def test_every_listed_format_is_served_at_its_default_rate(value, fmt, rate):
     # Engine's native rate by default, the telephone rate for G.711; Opus always decodes at 48 kHz.
     cfg = config(response_format=value)
@@ -241,7 +309,7 @@ def test_speed_out_of_bounds(speed):
 
 def test_speed_huge_integer_is_out_of_bounds_not_a_crash():
     # Regression: float(10**400) raised OverflowError instead of this error.
-    error = refused({"speed": 10 ** 400})
+    error = refused({"speed": 10**400})
     assert error.message == SPEED_MESSAGE
     assert error.param == "speed"
 
@@ -285,6 +353,7 @@ def test_split_granularity_is_exact_and_case_sensitive(value):
 
 # -- engine features and forwarded options ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("field", ["ref_audio", "instructions"])
 def test_feature_rejected_by_an_engine_without_it(field):
     error = refused({field: "something"})
@@ -292,17 +361,30 @@ def test_feature_rejected_by_an_engine_without_it(field):
     assert error.param == field
 
 
-@pytest.mark.parametrize("field,engine", [
-    ("ref_audio", FakeEngine(reference_audio=True)),
-    ("instructions", FakeEngine(instructions=True)),
-], ids=["ref_audio", "instructions"])
+@pytest.mark.parametrize(
+    "field,engine",
+    [
+        ("ref_audio", FakeEngine(reference_audio=True)),
+        ("instructions", FakeEngine(instructions=True)),
+    ],
+    ids=["ref_audio", "instructions"],
+)
 def test_feature_accepted_and_forwarded_by_an_engine_with_it(field, engine):
     assert config(engine.capabilities, **{field: "data"}).options == {field: "data"}
 
 
 def test_forwarded_options():
-    fields = {"model": "m1", "language": "en", "ref_text": "hello", "temperature": 0.7, "top_p": 0.9,
-              "top_k": 40, "repetition_penalty": 1.1, "max_new_tokens": 256, "seed": 7}
+    fields = {
+        "model": "m1",
+        "language": "en",
+        "ref_text": "hello",
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "repetition_penalty": 1.1,
+        "max_new_tokens": 256,
+        "seed": 7,
+    }
     parsed = config(voice="alt", speed=1.5, response_format="wav", colour="blue", seed_extra=1, **fields)
     assert parsed.options == fields
     assert parsed.voice == "alt" and parsed.speed == 1.5  # not options
@@ -314,10 +396,23 @@ def test_null_options_are_not_forwarded():
 
 # -- parse_message ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw", ["{", "", "nope", "{'type': 'x'}", '{"type": "x",}', "[1,", "\x00",
-                                 '{"speed": NaN}', '{"speed": Infinity}', '{"speed": -Infinity}'],
-                         ids=["open-brace", "empty", "word", "single-quotes", "trailing-comma", "open-list", "nul",
-                              "NaN", "Infinity", "-Infinity"])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "{",
+        "",
+        "nope",
+        "{'type': 'x'}",
+        '{"type": "x",}',
+        "[1,",
+        "\x00",
+        '{"speed": NaN}',
+        '{"speed": Infinity}',
+        '{"speed": -Infinity}',
+    ],
+    ids=["open-brace", "empty", "word", "single-quotes", "trailing-comma", "open-list", "nul", "NaN", "Infinity", "-Infinity"],
+)
 @pytest.mark.parametrize("handshake", [False, True], ids=["session", "handshake"])
 def test_parse_message_invalid_json(raw, handshake):
     with pytest.raises(SpeechError) as info:
@@ -327,9 +422,16 @@ def test_parse_message_invalid_json(raw, handshake):
     assert info.value.close_code == (4008 if handshake else None)
 
 
-@pytest.mark.parametrize("raw", ["[" * 100000, "{\"a\":" * 100000, "[" * 100000 + "]" * 100000,
-                                 '{"type":"input.text","text":' + "[" * 50000 + "]" * 50000 + "}"],
-                         ids=["open-lists", "open-objects", "closed-lists", "nested-text-field"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[" * 100000,
+        '{"a":' * 100000,
+        "[" * 100000 + "]" * 100000,
+        '{"type":"input.text","text":' + "[" * 50000 + "]" * 50000 + "}",
+    ],
+    ids=["open-lists", "open-objects", "closed-lists", "nested-text-field"],
+)
 def test_parse_message_deeply_nested_json_is_an_error_not_a_crash(raw):
     with pytest.raises(SpeechError) as info:
         parse_message(raw)
@@ -360,23 +462,28 @@ def test_parse_message_huge_integer_is_not_called_nested():
 
 # -- utf8_length_exceeds ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,limit,exceeds", [
-    ("", 0, False),
-    ("a", 0, True),
-    ("a" * 10, 10, False),
-    ("a" * 11, 10, True),
-    ("é" * 5, 10, False),       # 2 bytes each
-    ("é" * 6, 10, True),        # 6 characters, 12 bytes
-    ("€" * 3, 9, False),        # 3 bytes each
-    ("€" * 3, 8, True),
-    ("😀" * 2, 8, False),       # 4 bytes each: exactly at the len*4 shortcut
-    ("😀" * 3, 12, False),
-    ("😀" * 3, 11, True),
-    ("a😀", 5, False),
-    ("a😀", 4, True),
-    ("\ud800" * 2, 6, False),   # lone surrogates (JSON "\ud800") count 3 bytes, not a crash
-    ("\ud800" * 2, 5, True),
-], ids=lambda v: repr(v) if not isinstance(v, str) or len(v) < 12 else f"<{len(v)} chars>")
+
+@pytest.mark.parametrize(
+    "text,limit,exceeds",
+    [
+        ("", 0, False),
+        ("a", 0, True),
+        ("a" * 10, 10, False),
+        ("a" * 11, 10, True),
+        ("é" * 5, 10, False),  # 2 bytes each
+        ("é" * 6, 10, True),  # 6 characters, 12 bytes
+        ("€" * 3, 9, False),  # 3 bytes each
+        ("€" * 3, 8, True),
+        ("😀" * 2, 8, False),  # 4 bytes each: exactly at the len*4 shortcut
+        ("😀" * 3, 12, False),
+        ("😀" * 3, 11, True),
+        ("a😀", 5, False),
+        ("a😀", 4, True),
+        ("\ud800" * 2, 6, False),  # lone surrogates (JSON "\ud800") count 3 bytes, not a crash
+        ("\ud800" * 2, 5, True),
+    ],
+    ids=lambda v: repr(v) if not isinstance(v, str) or len(v) < 12 else f"<{len(v)} chars>",
+)
 def test_utf8_length_exceeds(text, limit, exceeds):
     assert utf8_length_exceeds(text, limit) is exceeds
 

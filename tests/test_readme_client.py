@@ -27,12 +27,15 @@ def test_readme_client_writes_speech_to_a_wav_file(tmp_path):
     with DaphneServer({"SPEECH_ENGINE": "hibari"}) as server:
         script = tmp_path / "client.py"
         script.write_text(code.replace("ws://127.0.0.1:8000", f"ws://127.0.0.1:{server.port}"))
-        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         server.assert_no_traceback()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "audio.start Hello there.", "audio.done ", "audio.start How are you today?", "audio.done ", "session.done ",
+        "audio.start Hello there.",
+        "audio.done ",
+        "audio.start How are you today?",
+        "audio.done ",
+        "session.done ",
     ]
     with wave.open(str(tmp_path / "out.wav")) as out:
         assert (out.getnchannels(), out.getsampwidth(), out.getframerate()) == (1, 2, 24000)

@@ -53,15 +53,18 @@ SENTENCES = [f"Sentence {i} of a long answer that the caller will interrupt at s
 LONG_TEXT = " ".join(SENTENCES) + " "
 
 
-
 class Setup:
     def __init__(self, redis_server):
         self.redis = redis_server
         self.dir = Path(tempfile.mkdtemp(prefix="redis-faults-"))
         self.db = self.dir / "db.sqlite3"
-        self.env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "REDIS_URL": redis_server.url(3),
-                    "DATABASE_URL": f"sqlite:///{self.db}",
-                    "MEDIA_ROOT": str(self.dir / "media")}
+        self.env = {
+            "SPEECH_ENGINE": "hibari",
+            "SPEECH_REQUIRE_API_KEY": "false",
+            "REDIS_URL": redis_server.url(3),
+            "DATABASE_URL": f"sqlite:///{self.db}",
+            "MEDIA_ROOT": str(self.dir / "media"),
+        }
         self.servers = []
 
     def server(self, name, *, migrate=False):
@@ -103,6 +106,7 @@ def no_traceback(setup):
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
+
 
 def heartbeat(setup, instance, redis_server=None):
     """Whether `instance` has renewed its heartbeat in Redis (speech/control/layer.py): the REST endpoints treat
@@ -148,11 +152,14 @@ async def finish_ok(ws, sid, next_index):
 # -- the sequence -----------------------------------------------------------------------------------------
 # The tests run in file order and share the servers: up, down, back up, down at an instance's start.
 
+
 async def test_1_with_redis_up_a_cancel_on_b_reaches_a(setup):
     ws, sid, items = await speaking_session(setup.a, LONG_TEXT)
     try:
         assert await rest(setup.b, "POST", cancel_path(sid)) == (
-            202, {"session_id": sid, "signal": "cancel", "status": "accepted"})
+            202,
+            {"session_id": sid, "signal": "cancel", "status": "accepted"},
+        )
         after = await collect(ws, until=is_event("input.cancelled"))
         cut = check_cancelled(items + after.items, sid, "server")
         assert setup.redis.group_members(sid, db=3) == 1
@@ -228,11 +235,16 @@ async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
         await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
         more = await speak_and_stop_reading(ws, setup.a)
         assert await rest(setup.b, "DELETE", session_path(sid)) == (
-            202, {"session_id": sid, "signal": "terminate", "status": "accepted"})
+            202,
+            {"session_id": sid, "signal": "terminate", "status": "accepted"},
+        )
         end = await collect(ws)
         assert end.close_code == 4001
         assert (more.items + end.items)[-1].data == {
-            "type": "error", "message": "speech session terminated by the server", "error_type": "server_error"}
+            "type": "error",
+            "message": "speech session terminated by the server",
+            "error_type": "server_error",
+        }
     finally:
         await ws.close()
     wait_for(lambda: setup.status(sid) == "terminated", "registry outcome")
@@ -281,14 +293,18 @@ async def test_5_sigterm_with_redis_down_still_ends_sessions_cleanly(setup):
     finally:
         await ws.close()
     assert end.close_code == 4001
-    assert end.events[-1] == {"type": "error", "message": "speech session terminated: the server is shutting down",
-                              "error_type": "server_error"}
+    assert end.events[-1] == {
+        "type": "error",
+        "message": "speech session terminated: the server is shutting down",
+        "error_type": "server_error",
+    }
     assert c.proc.returncode == 0, c.stderr_text()[-3000:]
     assert setup.status(sid) == "terminated"  # written before the process exited
     c.assert_no_traceback()
 
 
 # -- a failover the listener cannot see ---------------------------------------------------------------------
+
 
 class SilentFailoverProxy:
     """A TCP proxy in front of Redis that can fail over the way a moved virtual IP or a replaced host
@@ -429,8 +445,9 @@ async def test_7_signals_flow_again_after_a_silent_failover(setup):
             first.kill()
             second.start()
             # Bounded: a dead subscription must be noticed within seconds, not TCP's minutes.
-            await asyncio.to_thread(wait_for, lambda: second.group_members(sid, db=3) == 1,
-                                    "G rejoined the session's group on the new Redis", 20.0)
+            await asyncio.to_thread(
+                wait_for, lambda: second.group_members(sid, db=3) == 1, "G rejoined the session's group on the new Redis", 20.0
+            )
             await asyncio.to_thread(wait_for, lambda: heartbeat(setup, "G", second), "G's heartbeat renewed")
 
             def accepted():

@@ -78,4 +78,3 @@ def test_silence_is_not_mistaken_for_speech(whisper):
     silence = np.zeros(RATE, dtype=np.float32)
     with pytest.raises(AssertionError, match="too quiet"):
         assert_heard(whisper, silence, RATE, "Hi there.")
-

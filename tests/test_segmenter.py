@@ -18,11 +18,7 @@ def segment(chunks, granularity=SENTENCE, max_chars=400):
 
 def cases(*rows):
     """rows: (id, granularities, text, expected) -> pytest params, one per granularity."""
-    return [
-        pytest.param(g, text, expected, id=f"{case_id}-{g}")
-        for case_id, grans, text, expected in rows
-        for g in grans
-    ]
+    return [pytest.param(g, text, expected, id=f"{case_id}-{g}") for case_id, grans, text, expected in rows for g in grans]
 
 
 ENDS = cases(
@@ -179,11 +175,15 @@ LONG = [
     pytest.param(SENTENCE, 8, "好" * 12 + "，好", ["好" * 12 + "，", "好"], id="cjk-clause-mark-after-window"),
     pytest.param(SENTENCE, 400, "y " + "x" * 397 + ". z", ["y " + "x" * 397 + ".", "z"], id="end-at-window-edge-wins"),
     pytest.param(SENTENCE, 400, "y " + "x" * 396 + "!!! z", ["y " + "x" * 396 + "!!!", "z"], id="run-across-window-edge"),
-    pytest.param(SENTENCE, 400, "y " + "x" * 397 + '.") z', ["y " + "x" * 397 + '.")', "z"],
-                 id="closers-across-window-edge"),
+    pytest.param(SENTENCE, 400, "y " + "x" * 397 + '.") z', ["y " + "x" * 397 + '.")', "z"], id="closers-across-window-edge"),
     pytest.param(SENTENCE, 400, "y " + "x" * 399 + "!!! z", ["y", "x" * 399 + "!!!", "z"], id="run-after-window"),
-    pytest.param(SENTENCE, 400, "Hello. " + words(100) + ". Bye.", ["Hello.", words(80), words(20) + ".", "Bye."],
-                 id="window-starts-after-end"),
+    pytest.param(
+        SENTENCE,
+        400,
+        "Hello. " + words(100) + ". Bye.",
+        ["Hello.", words(80), words(20) + ".", "Bye."],
+        id="window-starts-after-end",
+    ),
     pytest.param(SENTENCE, 10, "Hi. —— ——— bbbbbbbbbbbb", ["Hi.", "—— ——— bbbbbbbbbbbb"], id="cut-part-without-letters"),
     pytest.param(SENTENCE, 5, "，" * 6 + "好" * 6, ["，" * 6 + "好" * 6], id="cut-part-without-letters-cjk"),
 ]
@@ -310,21 +310,26 @@ MIXED_EN = (
     "— \n \n!! ... Next paragraph\r\n\r\nDr. Who, i.e. the Doctor, vs. the Master? [Done.] ok"
 )
 MIXED_CJK = (
-    "你好。世界！「真的？」他说，「是的。」『好！』【注意。】（括号。）甲、乙；丙：丁\n\n"
-    "Hello 你好。OK. 。。好？！“引号。”结束"
+    "你好。世界！「真的？」他说，「是的。」『好！』【注意。】（括号。）甲、乙；丙：丁\n\nHello 你好。OK. 。。好？！“引号。”结束"
 )
 LONG_PLAIN = " ".join(f"word{i % 37}" for i in range(150))  # over 900 characters, no punctuation
 EDGES = (
-    "x" * 430 + ". " + "y" * 20 + "\n" + " " * 30 + "\nz 3. 14 Ms.\t" + "好" * 15 + "，" + "好" * 5
-    + " ... " + "!" * 12 + "\n\n\n a,b , c" + "." * 5
+    "x" * 430
+    + ". "
+    + "y" * 20
+    + "\n"
+    + " " * 30
+    + "\nz 3. 14 Ms.\t"
+    + "好" * 15
+    + "，"
+    + "好" * 5
+    + " ... "
+    + "!" * 12
+    + "\n\n\n a,b , c"
+    + "." * 5
 )
 TEXTS = {"mixed-en": MIXED_EN, "mixed-cjk": MIXED_CJK, "long-plain": LONG_PLAIN, "edges": EDGES}
-SEAM = [
-    pytest.param(name, g, m, id=f"{name}-{g}-{m}")
-    for name in TEXTS
-    for g in BOTH
-    for m in (400, 12)
-]
+SEAM = [pytest.param(name, g, m, id=f"{name}-{g}-{m}") for name in TEXTS for g in BOTH for m in (400, 12)]
 
 
 @pytest.mark.parametrize("name, granularity, max_chars", SEAM)
@@ -367,8 +372,22 @@ def test_mixed_english_reference():
 
 def test_mixed_cjk_reference():
     assert segment([MIXED_CJK], CLAUSE) == [
-        "你好。", "世界！", "「真的？」", "他说，", "「是的。」", "『好！』", "【注意。】", "（括号。）",
-        "甲、", "乙；", "丙：丁", "Hello 你好。", "OK.", "。。好？！", "“引号。”", "结束",
+        "你好。",
+        "世界！",
+        "「真的？」",
+        "他说，",
+        "「是的。」",
+        "『好！』",
+        "【注意。】",
+        "（括号。）",
+        "甲、",
+        "乙；",
+        "丙：丁",
+        "Hello 你好。",
+        "OK.",
+        "。。好？！",
+        "“引号。”",
+        "结束",
     ]
 
 

@@ -42,8 +42,14 @@ def unsupported(kind):
 
 
 def audio_done(session_id, index, total_bytes, *, error=False, cancelled=False):
-    return {"type": "audio.done", "id": f"{session_id}-{index}", "sentence_index": index,
-            "total_bytes": total_bytes, "error": error, "cancelled": cancelled}
+    return {
+        "type": "audio.done",
+        "id": f"{session_id}-{index}",
+        "sentence_index": index,
+        "total_bytes": total_bytes,
+        "error": error,
+        "cancelled": cancelled,
+    }
 
 
 def expected_pcm(engine, chunks):
@@ -61,19 +67,38 @@ async def drain(s):
 
 # -- handshake -------------------------------------------------------------------------------------
 
+
 async def test_handshake_success(speech):
-    lim = limits(config_timeout_s=7.0, idle_timeout_s=9.5, max_config_bytes=5000, max_message_bytes=4000,
-                 max_pending_chars=3000, max_segment_chars=200)
+    lim = limits(
+        config_timeout_s=7.0,
+        idle_timeout_s=9.5,
+        max_config_bytes=5000,
+        max_message_bytes=4000,
+        max_pending_chars=3000,
+        max_segment_chars=200,
+    )
     s = await speech(limits_=lim, voice="ALT", response_format=" WAV ", split_granularity="clause")
     event = s.configured
     assert SESSION_ID_RE.match(event["session_id"])
     assert event == {
-        "type": "session.configured", "session_id": s.session.session_id, "response_format": "wav",
-        "stream_audio": False, "split_granularity": "clause", "sample_rate": 24000, "voice": "alt",
-        "engine": "fake", "limits": dataclasses.asdict(lim),
+        "type": "session.configured",
+        "session_id": s.session.session_id,
+        "response_format": "wav",
+        "stream_audio": False,
+        "split_granularity": "clause",
+        "sample_rate": 24000,
+        "voice": "alt",
+        "engine": "fake",
+        "limits": dataclasses.asdict(lim),
     }
-    assert list(event["limits"]) == ["config_timeout_s", "idle_timeout_s", "max_config_bytes", "max_message_bytes",
-                                     "max_pending_chars", "max_segment_chars"]
+    assert list(event["limits"]) == [
+        "config_timeout_s",
+        "idle_timeout_s",
+        "max_config_bytes",
+        "max_message_bytes",
+        "max_pending_chars",
+        "max_segment_chars",
+    ]
     await s.barrier()
     await s.finish()
 
@@ -81,8 +106,15 @@ async def test_handshake_success(speech):
 async def test_handshake_flat_form_and_defaults(speech):
     s = await speech(configure=False)
     await s.send({"type": "session.config", "stream_audio": True, "speaker": "alt"})
-    event = await s.t.event("session.configured", response_format="pcm", stream_audio=True,
-                            split_granularity="sentence", sample_rate=24000, voice="alt", engine="fake")
+    event = await s.t.event(
+        "session.configured",
+        response_format="pcm",
+        stream_audio=True,
+        split_granularity="sentence",
+        sample_rate=24000,
+        voice="alt",
+        engine="fake",
+    )
     assert event["limits"] == dataclasses.asdict(LIMITS)
     await s.finish()
 
@@ -107,38 +139,62 @@ BIG = 200_000  # max_config_bytes in these cases
 
 FATAL_HANDSHAKES = [
     # (id, frame (str = text, bytes = binary), expected error event or message prefix, close code)
-    ("binary-first-frame", b"\x00\x01",
-     error_event("speech WebSocket client messages must be text frames"), 4008),
+    ("binary-first-frame", b"\x00\x01", error_event("speech WebSocket client messages must be text frames"), 4008),
     ("binary-first-frame-too-big", b"x" * (BIG + 1), f"exceeds {BIG} bytes", 4009),
     ("invalid-json", "{", "speech WebSocket message is not valid JSON", 4008),
     ("deeply-nested-json", "[" * 100000, "speech WebSocket message is not valid JSON", 4008),
-    ("deeply-nested-config", '{"type":"session.config","session":{"model":' + "[" * 50000 + "]" * 50000 + "}}",
-     "speech WebSocket message is not valid JSON", 4008),
+    (
+        "deeply-nested-config",
+        '{"type":"session.config","session":{"model":' + "[" * 50000 + "]" * 50000 + "}}",
+        "speech WebSocket message is not valid JSON",
+        4008,
+    ),
     ("non-object", "[]", error_event("speech WebSocket messages must be JSON objects"), 4008),
-    ("not-session-config", dumps({"type": "input.text", "text": "hi"}),
-     error_event("first WebSocket message must be session.config", param="type"), 4008),
-    ("no-type", dumps({"session": {}}),
-     error_event("first WebSocket message must be session.config", param="type"), 4008),
-    ("config-at-max-config-bytes-but-invalid", dumps({"type": "session.config", "model": "x" * (BIG - 37),
-                                                      "voice": "x"})[:BIG],
-     "speech WebSocket message is not valid JSON", 4008),
+    (
+        "not-session-config",
+        dumps({"type": "input.text", "text": "hi"}),
+        error_event("first WebSocket message must be session.config", param="type"),
+        4008,
+    ),
+    ("no-type", dumps({"session": {}}), error_event("first WebSocket message must be session.config", param="type"), 4008),
+    (
+        "config-at-max-config-bytes-but-invalid",
+        dumps({"type": "session.config", "model": "x" * (BIG - 37), "voice": "x"})[:BIG],
+        "speech WebSocket message is not valid JSON",
+        4008,
+    ),
     # 150037 characters but 300037 UTF-8 bytes: the limit counts bytes.
-    ("config-over-max-config-bytes", dumps({"type": "session.config", "model": "é" * 150000}),
-     f"exceeds {BIG} bytes", 4009),
-    ("unknown-voice", dumps({"type": "session.config", "session": {"voice": "x"}}),
-     error_event("Unknown voice 'x'. Supported voices: fake, alt", param="voice"), 4008),
-    ("session-not-object", dumps({"type": "session.config", "session": "pcm"}),
-     error_event("session.config session must be an object", param="session"), 4008),
-    ("stream-wav", dumps({"type": "session.config", "session": {"stream_audio": True, "response_format": "wav"}}),
-     error_event("stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format"),
-     4008),
-    ("type-error", dumps({"type": "session.config", "session": {"sample_rate": 24000.0}}),
-     error_event("sample_rate must be an integer", param="sample_rate"), 4008),
+    ("config-over-max-config-bytes", dumps({"type": "session.config", "model": "é" * 150000}), f"exceeds {BIG} bytes", 4009),
+    (
+        "unknown-voice",
+        dumps({"type": "session.config", "session": {"voice": "x"}}),
+        error_event("Unknown voice 'x'. Supported voices: fake, alt", param="voice"),
+        4008,
+    ),
+    (
+        "session-not-object",
+        dumps({"type": "session.config", "session": "pcm"}),
+        error_event("session.config session must be an object", param="session"),
+        4008,
+    ),
+    (
+        "stream-wav",
+        dumps({"type": "session.config", "session": {"stream_audio": True, "response_format": "wav"}}),
+        error_event("stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format"),
+        4008,
+    ),
+    (
+        "type-error",
+        dumps({"type": "session.config", "session": {"sample_rate": 24000.0}}),
+        error_event("sample_rate must be an integer", param="sample_rate"),
+        4008,
+    ),
 ]
 
 
-@pytest.mark.parametrize("frame,expected,code", [case[1:] for case in FATAL_HANDSHAKES],
-                         ids=[case[0] for case in FATAL_HANDSHAKES])
+@pytest.mark.parametrize(
+    "frame,expected,code", [case[1:] for case in FATAL_HANDSHAKES], ids=[case[0] for case in FATAL_HANDSHAKES]
+)
 async def test_fatal_handshake(speech, frame, expected, code):
     engine = FakeEngine()
     s = await speech(engine, limits(max_config_bytes=BIG), configure=False)
@@ -210,6 +266,7 @@ async def test_idle_timer_does_not_run_while_generating(speech):
 
 # -- delivery ----------------------------------------------------------------------------------------
 
+
 async def test_streaming_order_for_several_segments(speech):
     engine = FakeEngine(chunks=3)
     s = await speech(engine, stream_audio=True)
@@ -223,8 +280,14 @@ async def test_streaming_order_for_several_segments(speech):
     pcm = expected_pcm(engine, 3)
     for k, text in enumerate(texts):
         start, frames, done = segments[k]
-        assert start == {"type": "audio.start", "id": f"{sid}-{k}", "sentence_index": k, "sentence_text": text,
-                         "format": "pcm", "sample_rate": 24000}
+        assert start == {
+            "type": "audio.start",
+            "id": f"{sid}-{k}",
+            "sentence_index": k,
+            "sentence_text": text,
+            "format": "pcm",
+            "sample_rate": 24000,
+        }
         assert len(frames) > 1  # streamed: many frames
         assert b"".join(frames) == pcm
         assert done == audio_done(sid, k, len(pcm))
@@ -265,21 +328,35 @@ async def test_input_commit_flushes_and_reports(speech):
     sid = s.configured["session_id"]
     await s.text("Hello there")  # no end mark: it waits in the buffer
     await s.send({"type": "input.commit"})
-    assert await s.t.event() == {"type": "input.committed", "session_id": sid, "segment_index": 0,
-                                 "segment_sentences": 1, "total_sentences": 1}
+    assert await s.t.event() == {
+        "type": "input.committed",
+        "session_id": sid,
+        "segment_index": 0,
+        "segment_sentences": 1,
+        "total_sentences": 1,
+    }
     await s.t.event("audio.start", sentence_index=0, sentence_text="Hello there")
     await s.t.until("audio.done")
     event = await s.barrier()
-    assert event == {"type": "input.committed", "session_id": sid, "segment_index": 1, "segment_sentences": 0,
-                     "total_sentences": 1}
+    assert event == {
+        "type": "input.committed",
+        "session_id": sid,
+        "segment_index": 1,
+        "segment_sentences": 0,
+        "total_sentences": 1,
+    }
     await s.text("Two. Three. Four")
     await s.send({"type": "input.commit"})
     items = await s.t.until("input.committed")
-    assert items[-1][1] == {"type": "input.committed", "session_id": sid, "segment_index": 2,
-                            "segment_sentences": 1, "total_sentences": 4}
+    assert items[-1][1] == {
+        "type": "input.committed",
+        "session_id": sid,
+        "segment_index": 2,
+        "segment_sentences": 1,
+        "total_sentences": 4,
+    }
     items = await drain(s)
-    assert [v["sentence_text"] for k, v in items if k == "json" and v["type"] == "audio.start"] == \
-        ["Two.", "Three.", "Four"]
+    assert [v["sentence_text"] for k, v in items if k == "json" and v["type"] == "audio.start"] == ["Two.", "Three.", "Four"]
     await s.finish()
 
 
@@ -296,8 +373,13 @@ async def test_cancel_mid_segment(speech):
 
     await s.send({"type": "input.cancel"})
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)
-    assert await s.t.event() == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 3,
-                                 "total_sentences": 1, "origin": "client"}
+    assert await s.t.event() == {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": 3,
+        "total_sentences": 1,
+        "origin": "client",
+    }
     await s.barrier()  # queued segments were dropped without events
     assert engine.running == 0
     assert engine.aborted == 2 and engine.completed == 0
@@ -320,8 +402,13 @@ async def test_cancel_in_non_streaming_mode_drops_unannounced_segments(speech):
     await s.text("First one. Second one. Third")
     await s.send({"type": "input.cancel"})
     # Nothing was announced (non-streaming audio goes out whole), so no audio.done at all.
-    assert await s.t.event() == {"type": "input.cancelled", "session_id": s.session.session_id,
-                                 "cancelled_sentences": 2, "total_sentences": 0, "origin": "client"}
+    assert await s.t.event() == {
+        "type": "input.cancelled",
+        "session_id": s.session.session_id,
+        "cancelled_sentences": 2,
+        "total_sentences": 0,
+        "origin": "client",
+    }
     await s.barrier()  # the buffer ("Third") was cleared too
     assert engine.running == 0
     await s.text("Again.")
@@ -334,8 +421,13 @@ async def test_cancel_in_non_streaming_mode_drops_unannounced_segments(speech):
 async def test_cancel_with_nothing_going(speech):
     s = await speech()
     await s.send({"type": "input.cancel"})
-    assert await s.t.event() == {"type": "input.cancelled", "session_id": s.session.session_id,
-                                 "cancelled_sentences": 0, "total_sentences": 0, "origin": "client"}
+    assert await s.t.event() == {
+        "type": "input.cancelled",
+        "session_id": s.session.session_id,
+        "cancelled_sentences": 0,
+        "total_sentences": 0,
+        "origin": "client",
+    }
     await s.barrier()
     await s.finish()
 
@@ -350,8 +442,9 @@ async def test_engine_failure_on_one_segment(speech, stream):
     segments = check_segment_order(items)
     assert sorted(segments) == [0, 1, 2]
     events = [v for k, v in items if k == "json"]
-    failed = events.index(error_event("fake engine failure", error_type="server_error", code=None,
-                                      id=f"{sid}-1", sentence_index=1))
+    failed = events.index(
+        error_event("fake engine failure", error_type="server_error", code=None, id=f"{sid}-1", sentence_index=1)
+    )
     assert events[failed + 1] == audio_done(sid, 1, 0, error=True)
     assert segments[1][0] is None  # no audio.start for a segment that produced no audio
     assert segments[0][2]["error"] is False and segments[2][2]["error"] is False
@@ -371,8 +464,9 @@ async def test_engine_failure_after_audio_in_streaming(speech):
     assert start is not None and start["sentence_index"] == 0
     assert sum(map(len, frames)) == CHUNK_BYTES
     events = [v for k, v in items if k == "json"]
-    assert events[1] == error_event("fake engine failure", error_type="server_error", code=None,
-                                    id=f"{sid}-0", sentence_index=0, partial_audio=True)
+    assert events[1] == error_event(
+        "fake engine failure", error_type="server_error", code=None, id=f"{sid}-0", sentence_index=0, partial_audio=True
+    )
     assert done == audio_done(sid, 0, CHUNK_BYTES, error=True)
     await s.finish()
 
@@ -384,8 +478,9 @@ async def test_engine_failure_after_audio_not_streaming_sends_no_audio(speech):
     await s.text("FAIL late.")
     items = await drain(s)
     assert [kind for kind, _ in items] == ["json", "json", "json", "close"]
-    assert items[0][1] == error_event("fake engine failure", error_type="server_error", code=None,
-                                      id=f"{sid}-0", sentence_index=0)
+    assert items[0][1] == error_event(
+        "fake engine failure", error_type="server_error", code=None, id=f"{sid}-0", sentence_index=0
+    )
     assert items[1][1] == audio_done(sid, 0, 0, error=True)
     await s.finish()
 
@@ -397,8 +492,13 @@ async def test_engine_busy(speech):
     await s.text("BUSY now. Fine.")
     items = await drain(s)
     events = [v for k, v in items if k == "json"]
-    assert events[0] == {"type": "error", "message": "The request queue is full.", "error_type": "server_error",
-                         "id": f"{sid}-0", "sentence_index": 0}
+    assert events[0] == {
+        "type": "error",
+        "message": "The request queue is full.",
+        "error_type": "server_error",
+        "id": f"{sid}-0",
+        "sentence_index": 0,
+    }
     assert events[1] == audio_done(sid, 0, 0, error=True)
     assert check_segment_order(items)[1][2]["error"] is False
     await s.finish()
@@ -413,8 +513,7 @@ async def test_segment_over_max_segment_chars(speech):
     segments = check_segment_order(items)
     assert segments[0][0]["sentence_text"] == "Short one."  # exactly 10: allowed
     events = [v for k, v in items if k == "json"]
-    failed = events.index(error_event("input must be at most 10 characters", param="input",
-                                      id=f"{sid}-1", sentence_index=1))
+    failed = events.index(error_event("input must be at most 10 characters", param="input", id=f"{sid}-1", sentence_index=1))
     assert events[failed + 1] == audio_done(sid, 1, 0, error=True)
     assert segments[1][0] is None
     assert segments[2][0]["sentence_text"] == "Ok."
@@ -423,6 +522,7 @@ async def test_segment_over_max_segment_chars(speech):
 
 
 # -- pending text limit (fatal) ----------------------------------------------------------------------
+
 
 async def test_pending_text_limit_single_frame(speech):
     engine = FakeEngine()
@@ -464,8 +564,11 @@ async def test_pending_text_limit_counts_queued_segments(speech):
 RECOVERABLE = [
     ("binary-frame", b"\x00\x01", error_event("speech WebSocket client messages must be text frames")),
     ("binary-over-limit", b"x" * 101, error_event("text WebSocket message exceeds 100 bytes")),
-    ("text-over-limit", dumps({"type": "input.text", "text": "€" * 40}),  # 71 chars, 151 bytes
-     error_event("text WebSocket message exceeds 100 bytes")),
+    (
+        "text-over-limit",
+        dumps({"type": "input.text", "text": "€" * 40}),  # 71 chars, 151 bytes
+        error_event("text WebSocket message exceeds 100 bytes"),
+    ),
     ("invalid-json", "{nope", "speech WebSocket message is not valid JSON"),
     ("unterminated-lists", "[" * 100, "speech WebSocket message is not valid JSON"),
     ("nested-lists", "[" * 50 + "]" * 50, error_event("speech WebSocket messages must be JSON objects")),
@@ -476,13 +579,10 @@ RECOVERABLE = [
     ("repeated-session-config", dumps({"type": "session.config", "session": {}}), unsupported("session.config")),
     ("missing-type", dumps({"text": "hi"}), "unsupported speech WebSocket message type:"),
     ("non-string-type", dumps({"type": 5}), "unsupported speech WebSocket message type:"),
-    ("text-number", dumps({"type": "input.text", "text": 5}), error_event("input.text text must be a string",
-                                                                         param="text")),
-    ("text-null", dumps({"type": "input.text", "text": None}), error_event("input.text text must be a string",
-                                                                          param="text")),
+    ("text-number", dumps({"type": "input.text", "text": 5}), error_event("input.text text must be a string", param="text")),
+    ("text-null", dumps({"type": "input.text", "text": None}), error_event("input.text text must be a string", param="text")),
     ("text-missing", dumps({"type": "input.text"}), error_event("input.text text must be a string", param="text")),
-    ("text-list", dumps({"type": "input.text", "text": ["a"]}), error_event("input.text text must be a string",
-                                                                           param="text")),
+    ("text-list", dumps({"type": "input.text", "text": ["a"]}), error_event("input.text text must be a string", param="text")),
 ]
 
 
@@ -542,6 +642,7 @@ async def test_keepalive_has_no_reply(speech):
 
 # -- concurrency ------------------------------------------------------------------------------------
 
+
 async def test_receive_path_is_not_blocked_by_synthesis(speech):
     engine = FakeEngine(hold=True)
     s = await speech(engine, stream_audio=True)
@@ -552,8 +653,13 @@ async def test_receive_path_is_not_blocked_by_synthesis(speech):
     # The engine holds segment 0; frames are still handled at once, in order.
     await s.text("Second one. Third")
     await s.send({"type": "input.commit"})
-    assert await s.t.event() == {"type": "input.committed", "session_id": sid, "segment_index": 0,
-                                 "segment_sentences": 1, "total_sentences": 3}
+    assert await s.t.event() == {
+        "type": "input.committed",
+        "session_id": sid,
+        "segment_index": 0,
+        "segment_sentences": 1,
+        "total_sentences": 3,
+    }
     await s.send({"type": "x"})
     assert await s.t.event() == unsupported("x")
     await s.barrier()
@@ -606,8 +712,13 @@ async def test_after_input_done(speech):
     await s.send({"type": "session.keepalive"})
     await s.send({"type": "input.cancel"})
     assert await s.t.event() == audio_done(sid, 0, CHUNK_BYTES, cancelled=True)
-    assert await s.t.event() == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 2,
-                                 "total_sentences": 1, "origin": "client"}
+    assert await s.t.event() == {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": 2,
+        "total_sentences": 1,
+        "origin": "client",
+    }
     assert await s.t.event() == {"type": "session.done", "session_id": sid, "total_sentences": 1}
     await s.t.closed(1000)
     assert engine.running == 0
@@ -707,6 +818,7 @@ async def test_events_are_plain_json(speech):
 
 # -- a transport whose sends suspend (as a real socket write may) ------------------------------------
 
+
 async def test_yielding_transport_streaming_order(speech):
     engine = FakeEngine(chunks=3)
     s = await speech(engine, stream_audio=True, yield_on_send=True)
@@ -730,8 +842,13 @@ async def test_yielding_transport_cancel_after_input_done(speech):
     await s.send({"type": "input.done"})
     await s.send({"type": "input.cancel"})
     assert await s.t.event() == audio_done(sid, 0, CHUNK_BYTES, cancelled=True)
-    assert await s.t.event() == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 2,
-                                 "total_sentences": 1, "origin": "client"}
+    assert await s.t.event() == {
+        "type": "input.cancelled",
+        "session_id": sid,
+        "cancelled_sentences": 2,
+        "total_sentences": 1,
+        "origin": "client",
+    }
     assert await s.t.event() == {"type": "session.done", "session_id": sid, "total_sentences": 1}
     await s.t.closed(1000)
     await s.finish()
@@ -739,13 +856,15 @@ async def test_yielding_transport_cancel_after_input_done(speech):
 
 # -- odd engines and transports ------------------------------------------------------------------------
 
+
 async def test_engine_that_produces_no_audio(speech):
     engine = FakeEngine(chunks=0)
     s = await speech(engine, stream_audio=True)
     sid = s.configured["session_id"]
     await s.text("Silent. ")
-    assert await s.t.event() == error_event("the engine produced no audio for this segment", error_type="server_error",
-                                            code=None, id=f"{sid}-0", sentence_index=0)
+    assert await s.t.event() == error_event(
+        "the engine produced no audio for this segment", error_type="server_error", code=None, id=f"{sid}-0", sentence_index=0
+    )
     assert await s.t.event() == audio_done(sid, 0, 0, error=True)
     await s.barrier()
     await s.finish()
@@ -758,8 +877,9 @@ async def test_engine_that_yields_only_empty_chunks(speech, stream):
     s = await speech(engine, stream_audio=stream)
     sid = s.configured["session_id"]
     await s.text("Silent. ")
-    assert await s.t.event() == error_event("the engine produced no audio for this segment", error_type="server_error",
-                                            code=None, id=f"{sid}-0", sentence_index=0)
+    assert await s.t.event() == error_event(
+        "the engine produced no audio for this segment", error_type="server_error", code=None, id=f"{sid}-0", sentence_index=0
+    )
     assert await s.t.event() == audio_done(sid, 0, 0, error=True)
     await s.finish()
 
@@ -785,6 +905,7 @@ async def test_delivery_failure_is_an_internal_error(speech):
 
 
 # -- a timeout that fires just as a frame arrives ----------------------------------------------------
+
 
 @pytest.mark.parametrize("which", ["config", "idle"])
 async def test_timeout_that_fired_just_before_a_frame_is_void(speech, which):

@@ -20,8 +20,8 @@ ROW = re.compile(r"^\| `(SPEECH_[A-Z0-9_]+)` \| (.*?) \| (.*?) \|$")
 def readme_rows():
     """name -> (default cell, meaning cell) for the SPEECH_* rows of the README's Settings table."""
     text = README.read_text()
-    section = text[text.index("\n## Settings\n"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("\n## Settings\n") :]
+    section = section[: section.index("\n## ", 1)]
     rows = {}
     for line in section.splitlines():
         match = ROW.match(line)
@@ -83,25 +83,44 @@ def test_conf_falls_back_to_the_tables_default(settings):
         _ = conf.NOT_A_SETTING
 
 
-@pytest.mark.parametrize("overrides, message, check_id", [
-    ({"SPEECH_ENGINE": "nope"}, "SPEECH_ENGINE is 'nope'; it must be one of: fake, hibari, openai.", "speech.E001"),
-    ({"SPEECH_ENGINE_WORKERS": 0}, "SPEECH_ENGINE_WORKERS must be at least 1.", "speech.E002"),
-    ({"SPEECH_MAX_QUEUE_WAIT_S": 0}, "SPEECH_MAX_QUEUE_WAIT_S must be positive.", "speech.E003"),
-    ({"SPEECH_IDLE_TIMEOUT_S": -1}, "SPEECH_IDLE_TIMEOUT_S must be positive.", "speech.E004"),
-    ({"SPEECH_MAX_SEGMENT_CHARS": 0}, "SPEECH_MAX_SEGMENT_CHARS must be positive.", "speech.E004"),
-    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "gpu-host"},
-     ("SPEECH_ENGINE is 'openai' but SPEECH_UPSTREAM_URL is 'gpu-host'; it must be the http(s) base URL of an "
-      "OpenAI-compatible speech server, e.g. http://gpu-host:8000/v1."), "speech.E005"),
-    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_SAMPLE_RATE": 1},
-     "SPEECH_UPSTREAM_SAMPLE_RATE must be one of: 8000, 16000, 22050, 24000, 44100, 48000.", "speech.E006"),
-    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_READ_TIMEOUT_S": 0},
-     "SPEECH_UPSTREAM_READ_TIMEOUT_S must be positive.", "speech.E004"),
-    ({"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_RETRIES": -1},
-     "SPEECH_UPSTREAM_RETRIES must not be negative.", "speech.E007"),
-    ({"SPEECH_MAX_MESSAGE_BYTES": 10, "SPEECH_MAX_CONFIG_BYTES": 5},
-     ("SPEECH_MAX_MESSAGE_BYTES is larger than SPEECH_MAX_CONFIG_BYTES; daphne's frame limit follows the "
-      "larger one."), "speech.W001"),
-])
+@pytest.mark.parametrize(
+    "overrides, message, check_id",
+    [
+        ({"SPEECH_ENGINE": "nope"}, "SPEECH_ENGINE is 'nope'; it must be one of: fake, hibari, openai.", "speech.E001"),
+        ({"SPEECH_ENGINE_WORKERS": 0}, "SPEECH_ENGINE_WORKERS must be at least 1.", "speech.E002"),
+        ({"SPEECH_MAX_QUEUE_WAIT_S": 0}, "SPEECH_MAX_QUEUE_WAIT_S must be positive.", "speech.E003"),
+        ({"SPEECH_IDLE_TIMEOUT_S": -1}, "SPEECH_IDLE_TIMEOUT_S must be positive.", "speech.E004"),
+        ({"SPEECH_MAX_SEGMENT_CHARS": 0}, "SPEECH_MAX_SEGMENT_CHARS must be positive.", "speech.E004"),
+        (
+            {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "gpu-host"},
+            (
+                "SPEECH_ENGINE is 'openai' but SPEECH_UPSTREAM_URL is 'gpu-host'; it must be the http(s) base URL of an "
+                "OpenAI-compatible speech server, e.g. http://gpu-host:8000/v1."
+            ),
+            "speech.E005",
+        ),
+        (
+            {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_SAMPLE_RATE": 1},
+            "SPEECH_UPSTREAM_SAMPLE_RATE must be one of: 8000, 16000, 22050, 24000, 44100, 48000.",
+            "speech.E006",
+        ),
+        (
+            {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_READ_TIMEOUT_S": 0},
+            "SPEECH_UPSTREAM_READ_TIMEOUT_S must be positive.",
+            "speech.E004",
+        ),
+        (
+            {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": "http://h/v1", "SPEECH_UPSTREAM_RETRIES": -1},
+            "SPEECH_UPSTREAM_RETRIES must not be negative.",
+            "speech.E007",
+        ),
+        (
+            {"SPEECH_MAX_MESSAGE_BYTES": 10, "SPEECH_MAX_CONFIG_BYTES": 5},
+            ("SPEECH_MAX_MESSAGE_BYTES is larger than SPEECH_MAX_CONFIG_BYTES; daphne's frame limit follows the larger one."),
+            "speech.W001",
+        ),
+    ],
+)
 def test_each_rule_of_the_table_is_a_system_check(settings, overrides, message, check_id):
     settings.SPEECH_ENGINE = "fake"
     for name, value in overrides.items():

@@ -42,7 +42,8 @@ def test_sdk_file_response_is_heard(client, whisper):
 
 def test_sdk_streaming_pcm_is_chunked_with_its_headers_and_heard(client, whisper):
     with client.audio.speech.with_streaming_response.create(
-            model="tts-1", voice="heart", input=TEXT, response_format="pcm", extra_body={"stream": True}) as response:
+        model="tts-1", voice="heart", input=TEXT, response_format="pcm", extra_body={"stream": True}
+    ) as response:
         headers = response.headers
         chunks = list(response.iter_bytes())
     assert headers["content-type"] == "audio/pcm"
@@ -57,8 +58,13 @@ def test_sdk_streaming_pcm_is_chunked_with_its_headers_and_heard(client, whisper
 
 @pytest.mark.parametrize("fmt, rate", [("mp3", 24000), ("flac", 16000), ("opus", 48000)])
 def test_sdk_formats_and_rates(client, fmt, rate):
-    data = client.audio.speech.create(model="tts-1", voice="heart", input="Short and sweet.", response_format=fmt,
-                                      extra_body={"sample_rate": rate, "speed": 1.5}).read()
+    data = client.audio.speech.create(
+        model="tts-1",
+        voice="heart",
+        input="Short and sweet.",
+        response_format=fmt,
+        extra_body={"sample_rate": rate, "speed": 1.5},
+    ).read()
     samples, got_rate = soundfile.read(io.BytesIO(data), dtype="float32")
     assert got_rate == rate and samples.ndim == 1 and samples.size / rate > 0.3
 
@@ -69,11 +75,16 @@ def test_sdk_sees_the_error_envelope(client):
     with pytest.raises(BadRequestError) as refused:
         client.audio.speech.create(model="tts-1", voice="nobody", input="Hi.")
     assert refused.value.status_code == 400
-    assert refused.value.body == {"message": "Unknown voice 'nobody'. Supported voices: heart",
-                                  "type": "BadRequestError", "param": "voice", "code": 400}
+    assert refused.value.body == {
+        "message": "Unknown voice 'nobody'. Supported voices: heart",
+        "type": "BadRequestError",
+        "param": "voice",
+        "code": 400,
+    }
 
 
 # -- errors, in process ----------------------------------------------------------------------------
+
 
 async def post(body, **extra):
     from django.test import AsyncClient
@@ -82,28 +93,48 @@ async def post(body, **extra):
     return await AsyncClient().post("/v1/audio/speech", raw, content_type="application/json", **extra)
 
 
-@pytest.mark.parametrize("body, message, param", [
-    ({"input": "   "}, "input must be a non-empty string", "input"),
-    ({"input": 5}, "input must be a non-empty string", "input"),
-    ({}, "input must be a non-empty string", "input"),
-    ({"input": "x" * 4097}, "input must be at most 4096 characters", "input"),
-    ({"input": "Hi.", "stream": "yes"}, "stream must be a boolean", "stream"),
-    ({"input": "Hi.", "response_format": "ogg"},
-     "response_format must be one of: aac, alaw, flac, mp3, mulaw, opus, pcm, wav", "response_format"),
-    ({"input": "Hi.", "speed": True}, "speed must be a number", "speed"),
-    ({"input": "Hi.", "speed": 9}, "speed must be between 0.25 and 4.0", "speed"),
-    ({"input": "Hi.", "stream": True, "response_format": "mp3"},
-     "stream=true requires a raw response_format (pcm, mulaw, alaw)", "response_format"),
-    ({"input": "Hi.", "voice": "nobody"}, "Unknown voice 'nobody'. Supported voices: fake, alt", "voice"),
-    ({"input": "Hi.", "stream_format": "sse"}, "stream_format must be one of: audio", "stream_format"),
-], ids=["blank", "not-a-string", "missing", "too-long", "stream-type", "format", "speed-type", "speed-range",
-        "stream-mp3", "voice", "stream-format-sse"])
+@pytest.mark.parametrize(
+    "body, message, param",
+    [
+        ({"input": "   "}, "input must be a non-empty string", "input"),
+        ({"input": 5}, "input must be a non-empty string", "input"),
+        ({}, "input must be a non-empty string", "input"),
+        ({"input": "x" * 4097}, "input must be at most 4096 characters", "input"),
+        ({"input": "Hi.", "stream": "yes"}, "stream must be a boolean", "stream"),
+        (
+            {"input": "Hi.", "response_format": "ogg"},
+            "response_format must be one of: aac, alaw, flac, mp3, mulaw, opus, pcm, wav",
+            "response_format",
+        ),
+        ({"input": "Hi.", "speed": True}, "speed must be a number", "speed"),
+        ({"input": "Hi.", "speed": 9}, "speed must be between 0.25 and 4.0", "speed"),
+        (
+            {"input": "Hi.", "stream": True, "response_format": "mp3"},
+            "stream=true requires a raw response_format (pcm, mulaw, alaw)",
+            "response_format",
+        ),
+        ({"input": "Hi.", "voice": "nobody"}, "Unknown voice 'nobody'. Supported voices: fake, alt", "voice"),
+        ({"input": "Hi.", "stream_format": "sse"}, "stream_format must be one of: audio", "stream_format"),
+    ],
+    ids=[
+        "blank",
+        "not-a-string",
+        "missing",
+        "too-long",
+        "stream-type",
+        "format",
+        "speed-type",
+        "speed-range",
+        "stream-mp3",
+        "voice",
+        "stream-format-sse",
+    ],
+)
 @pytest.mark.django_db(transaction=True)  # an unknown voice is looked for among the uploaded ones
 async def test_bad_requests_get_the_envelope(process_engine, body, message, param):
     response = await post(body)
     assert response.status_code == 400
-    assert json.loads(response.content) == {
-        "error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}
+    assert json.loads(response.content) == {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}}
 
 
 async def test_invalid_json_and_wrong_method(process_engine):

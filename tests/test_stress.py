@@ -29,8 +29,7 @@ CONFIG_BYTES = 16 * MIB - 64
 
 @pytest.fixture(scope="module")
 def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": "2",
-                  "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": "2", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
         srv.watch = ProcWatch(srv.proc.pid)
         yield srv
 
@@ -40,6 +39,7 @@ def idle(server):
 
 
 # -- hostile frames and clients ------------------------------------------------------------------------
+
 
 def test_fuzz_frames_get_only_contract_answers(server):
     before = tracebacks(server)
@@ -74,6 +74,7 @@ def _steady(watch):
 
 
 # -- the handshake memory budget -------------------------------------------------------------------------
+
 
 async def read_frame(reader):
     """One server frame (unmasked): (opcode, payload)."""
@@ -112,8 +113,7 @@ def test_large_frame_over_budget_is_refused_at_its_header(server):
     idle(server)
     (opcode, payload), (close_opcode, close_payload) = asyncio.run(_over_budget_reply(server))
     assert opcode == 0x1
-    assert json.loads(payload) == {"type": "error", "message": OVER_BUDGET_MESSAGE, "error_type": "rate_limit_error",
-                                   "code": 429}
+    assert json.loads(payload) == {"type": "error", "message": OVER_BUDGET_MESSAGE, "error_type": "rate_limit_error", "code": 429}
     assert close_opcode == 0x8 and int.from_bytes(close_payload[:2], "big") == 4013
     idle(server)
     # Both reservations were released (the aborted holder's too): a full-size config goes through.
@@ -169,6 +169,7 @@ def test_default_budget_takes_one_largest_config():
 
 # -- overload ------------------------------------------------------------------------------------------------
 
+
 def test_overload_burst_loses_no_accepted_sentence(server):
     idle(server)
     tally = asyncio.run(overload_burst(server.ws_url, 20, 10))
@@ -197,8 +198,9 @@ def hibari():
 @pytest.mark.parametrize("template", ["{c}", "On {c} May.", "1{c}", "{c}st", "$1{c}", "{c}.5", "{c}:30 pm", "{c},000"])
 def test_hibari_reads_every_digit_after_normalising(hibari, template):
     texts = [template.format(c=char) for char in NOT_INT_DIGITS]
-    assert [(text, _failure(hibari, for_number_reader(text))) for text in texts
-            if _failure(hibari, for_number_reader(text))] == []
+    assert [
+        (text, _failure(hibari, for_number_reader(text))) for text in texts if _failure(hibari, for_number_reader(text))
+    ] == []
 
 
 def test_hibari_itself_breaks_on_such_a_digit(hibari):
@@ -229,10 +231,20 @@ def test_hibari_reads_characters_of_every_category(hibari):
     assert failures == []
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("⑵ and ⒈", "(2) and 1."), ("x\u200by\u202e", "xy"), ("٣ items", "3 items"), ("\ud800a", "a"),
-    ("\x00\x07ok\n", "  ok\n"), ("ﬁne ＡＢＣ", "fine ABC"), ("➊⓵", "11"), ("a\tb", "a b"), ("plain text", "plain text"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("⑵ and ⒈", "(2) and 1."),
+        ("x\u200by\u202e", "xy"),
+        ("٣ items", "3 items"),
+        ("\ud800a", "a"),
+        ("\x00\x07ok\n", "  ok\n"),
+        ("ﬁne ＡＢＣ", "fine ABC"),
+        ("➊⓵", "11"),
+        ("a\tb", "a b"),
+        ("plain text", "plain text"),
+    ],
+)
 def test_normaliser(text, expected):
     assert for_number_reader(text) == expected
 
@@ -265,8 +277,14 @@ def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplo
     assert "invalid literal for int()" in record.getMessage()
 
 
-HARD_TEXTS = ["Chapter ⑵ costs ⒈5 dollars. ", "Zero\u200bwidth and \u202ebidi marks. ", "٣ apples and ² squared. ",
-              "Bell \x07 and escape \x1b characters. ", "Ｆｕｌｌ width ﬁne text. ", "➊ and ⓵ are one. "]
+HARD_TEXTS = [
+    "Chapter ⑵ costs ⒈5 dollars. ",
+    "Zero\u200bwidth and \u202ebidi marks. ",
+    "٣ apples and ² squared. ",
+    "Bell \x07 and escape \x1b characters. ",
+    "Ｆｕｌｌ width ﬁne text. ",
+    "➊ and ⓵ are one. ",
+]
 
 
 def test_hard_text_speaks_in_a_live_session(server):
@@ -279,15 +297,18 @@ def test_hard_text_speaks_in_a_live_session(server):
     assert tracebacks(server) == before
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("seed", -1, "seed must be between 0 and 18446744073709551615"),
-    ("seed", 2**64, "seed must be between 0 and 18446744073709551615"),
-    ("temperature", -0.5, "temperature must be between 0 and 2"),
-    ("top_p", 0, "top_p must be greater than 0 and at most 1"),
-    ("top_k", 0, "top_k must be -1 or between 1 and 2147483647"),
-    ("repetition_penalty", 0, "repetition_penalty must be greater than 0 and at most 2"),
-    ("max_new_tokens", 0, "max_new_tokens must be between 1 and 2147483647"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("seed", -1, "seed must be between 0 and 18446744073709551615"),
+        ("seed", 2**64, "seed must be between 0 and 18446744073709551615"),
+        ("temperature", -0.5, "temperature must be between 0 and 2"),
+        ("top_p", 0, "top_p must be greater than 0 and at most 1"),
+        ("top_k", 0, "top_k must be -1 or between 1 and 2147483647"),
+        ("repetition_penalty", 0, "repetition_penalty must be greater than 0 and at most 2"),
+        ("max_new_tokens", 0, "max_new_tokens must be between 1 and 2147483647"),
+    ],
+)
 def test_options_an_engine_cannot_use_are_refused_at_the_handshake(server, field, value, message):
     async def handshake():
         ws = await open_session(server.ws_url)
@@ -305,7 +326,14 @@ def test_options_an_engine_cannot_use_are_refused_at_the_handshake(server, field
 
 
 def test_options_at_their_limits_are_accepted(server):
-    config = {"seed": 2**64 - 1, "temperature": 2, "top_p": 1, "top_k": -1, "repetition_penalty": 2,
-              "max_new_tokens": 2**31 - 1, "stream_audio": True}
+    config = {
+        "seed": 2**64 - 1,
+        "temperature": 2,
+        "top_p": 1,
+        "top_k": -1,
+        "repetition_penalty": 2,
+        "max_new_tokens": 2**31 - 1,
+        "stream_audio": True,
+    }
     result = asyncio.run(run_session(server.ws_url, config, ["Fine. "]))
     assert result.close_code == 1000 and not result.of_type("error")

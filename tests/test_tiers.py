@@ -8,19 +8,23 @@ from tests.support import tiers
 from tests.support.live import PROJECT_ROOT
 
 
-@pytest.mark.parametrize("source", [
-    "with DaphneServer(env) as server:",
-    "with serving({'SPEECH_ENGINE': 'hibari'}) as srv:",
-    "redis_server = RedisServer().start()",
-    "nginx = Nginx(upstreams).start()",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "with DaphneServer(env) as server:",
+        "with serving({'SPEECH_ENGINE': 'hibari'}) as srv:",
+        "redis_server = RedisServer().start()",
+        "nginx = Nginx(upstreams).start()",
+    ],
+)
 def test_a_module_that_starts_a_server_needs_live(source):
     assert tiers.problems(source, set()) != []
     assert tiers.problems(source, {"live"}) == []
 
 
-@pytest.mark.parametrize("source", ["def test_x(server, whisper):", "assert_heard(audio, text)",
-                                    "with chromium(tmp) as browser:"])
+@pytest.mark.parametrize(
+    "source", ["def test_x(server, whisper):", "assert_heard(audio, text)", "with chromium(tmp) as browser:"]
+)
 def test_whisper_or_a_browser_needs_heavy(source):
     assert tiers.problems(source, {"live"}) != []
     assert tiers.problems(source, {"live", "heavy"}) == []

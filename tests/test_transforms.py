@@ -46,6 +46,7 @@ def run_stream(step, samples, rng, low=1, high=4000):
 
 # -- Resampler -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("out_rate", SAMPLE_RATES)
 def test_resampler_chunked_equals_whole_signal(out_rate):
     rng = np.random.default_rng(out_rate)
@@ -99,9 +100,9 @@ def check_stretch(y, seconds, factor, rate=ENGINE_RATE):
     expected = seconds / factor
     assert abs(y.size / rate - expected) <= 0.05 * expected, f"{y.size / rate:.3f} s, expected {expected:.3f} s"
     # The fundamental, measured over the steady middle (each 100 ms window, then all of them).
-    middle = y[int(0.1 * y.size): int(0.9 * y.size)]
+    middle = y[int(0.1 * y.size) : int(0.9 * y.size)]
     window = int(0.1 * rate)
-    estimates = [autocorr_f0(middle[i: i + window], rate) for i in range(0, middle.size - window, window)]
+    estimates = [autocorr_f0(middle[i : i + window], rate) for i in range(0, middle.size - window, window)]
     assert estimates, "nothing to measure"
     for f0 in estimates:
         assert abs(f0 - F0) <= 0.05 * F0, f"F0 {f0:.1f} Hz in a window, expected {F0}"
@@ -148,22 +149,26 @@ def test_time_stretch_flush_without_input():
 
 # -- plan_speed ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("speed,native,expected", [
-    (1.0, (1.0, 1.0), (1.0, 1.0)),
-    (0.25, (1.0, 1.0), (1.0, 0.25)),
-    (4.0, (1.0, 1.0), (1.0, 4.0)),
-    (2.0, (1.0, 1.0), (1.0, 2.0)),
-    (1.0, (0.5, 2.0), (1.0, 1.0)),
-    (0.5, (0.5, 2.0), (0.5, 1.0)),
-    (2.0, (0.5, 2.0), (2.0, 1.0)),
-    (1.3, (0.5, 2.0), (1.3, 1.0)),
-    (0.25, (0.5, 2.0), (0.5, 0.5)),
-    (4.0, (0.5, 2.0), (2.0, 2.0)),
-    (3.0, (0.5, 2.0), (2.0, 1.5)),
-    (0.3, (0.5, 2.0), (0.5, 0.6)),
-    (0.25, (0.25, 4.0), (0.25, 1.0)),
-    (4.0, (0.25, 4.0), (4.0, 1.0)),
-])
+
+@pytest.mark.parametrize(
+    "speed,native,expected",
+    [
+        (1.0, (1.0, 1.0), (1.0, 1.0)),
+        (0.25, (1.0, 1.0), (1.0, 0.25)),
+        (4.0, (1.0, 1.0), (1.0, 4.0)),
+        (2.0, (1.0, 1.0), (1.0, 2.0)),
+        (1.0, (0.5, 2.0), (1.0, 1.0)),
+        (0.5, (0.5, 2.0), (0.5, 1.0)),
+        (2.0, (0.5, 2.0), (2.0, 1.0)),
+        (1.3, (0.5, 2.0), (1.3, 1.0)),
+        (0.25, (0.5, 2.0), (0.5, 0.5)),
+        (4.0, (0.5, 2.0), (2.0, 2.0)),
+        (3.0, (0.5, 2.0), (2.0, 1.5)),
+        (0.3, (0.5, 2.0), (0.5, 0.6)),
+        (0.25, (0.25, 4.0), (0.25, 1.0)),
+        (4.0, (0.25, 4.0), (4.0, 1.0)),
+    ],
+)
 def test_plan_speed_table(speed, native, expected):
     engine_speed, stretch = plan_speed(speed, native)
     assert engine_speed == pytest.approx(expected[0]) and stretch == pytest.approx(expected[1])
@@ -176,6 +181,7 @@ def test_atempo_stage_floor_is_ffmpegs():
 
 
 # -- Chain --------------------------------------------------------------------------------------------
+
 
 def test_chain_identity_and_steps():
     assert Chain(24000, 24000).identity
@@ -207,6 +213,7 @@ def test_chain_flush_passes_the_stretch_tail_through_the_resampler():
 
 
 # -- the measuring tools themselves (tests/support/decoders.py), so the checks above and the live ones can be trusted
+
 
 @pytest.mark.parametrize("f0", [90.0, 150.0, 210.0, 320.0])
 def test_f0_estimators_find_the_fundamental(f0):

@@ -81,6 +81,7 @@ def a_env(b, **extra):
 
 # -- helpers ---------------------------------------------------------------------------------------
 
+
 def kinds(result):
     """The session's items with runs of binary frames folded into one "bin"."""
     out = []
@@ -100,18 +101,35 @@ def check_streamed_session(result, sentences, *, engine):
     assert result.close_code == 1000, (result.close_code, result.close_reason)
     configured = result.configured
     assert SESSION_ID_RE.match(configured["session_id"]), configured
-    assert (configured["engine"], configured["voice"], configured["response_format"], configured["stream_audio"],
-            configured["sample_rate"]) == (engine, "heart", "pcm", True, RATE), configured
+    assert (
+        configured["engine"],
+        configured["voice"],
+        configured["response_format"],
+        configured["stream_audio"],
+        configured["sample_rate"],
+    ) == (engine, "heart", "pcm", True, RATE), configured
     assert kinds(result) == ["audio.start", "bin", "audio.done"] * len(sentences) + ["session.done"], kinds(result)
     segments, problems = segments_of(result.items)
     assert problems == []
     sid = configured["session_id"]
     assert [s.start["sentence_text"] for s in segments] == sentences
     for index, segment in enumerate(segments):
-        assert segment.start == {"type": "audio.start", "id": f"{sid}-{index}", "sentence_index": index,
-                                 "sentence_text": sentences[index], "format": "pcm", "sample_rate": RATE}
-        assert segment.done == {"type": "audio.done", "id": f"{sid}-{index}", "sentence_index": index,
-                                "total_bytes": len(segment.audio), "error": False, "cancelled": False}
+        assert segment.start == {
+            "type": "audio.start",
+            "id": f"{sid}-{index}",
+            "sentence_index": index,
+            "sentence_text": sentences[index],
+            "format": "pcm",
+            "sample_rate": RATE,
+        }
+        assert segment.done == {
+            "type": "audio.done",
+            "id": f"{sid}-{index}",
+            "sentence_index": index,
+            "total_bytes": len(segment.audio),
+            "error": False,
+            "cancelled": False,
+        }
         assert len(segment.audio) > 0 and len(segment.audio) % 2 == 0
     assert result.events[-1] == {"type": "session.done", "session_id": sid, "total_sentences": len(sentences)}
     return segments
@@ -142,6 +160,7 @@ def frozen(server):
 
 
 # -- the module's pair ------------------------------------------------------------------------------
+
 
 class Pair:
     def __init__(self, a, b):
@@ -177,6 +196,7 @@ def direct_b(chain):
 
 
 # -- tests -----------------------------------------------------------------------------------------
+
 
 def test_a_learned_b_voices(chain):
     status, _, a_listing = chain.a.get_json("/v1/audio/voices")
@@ -223,14 +243,16 @@ def test_hop_is_bit_exact(via_a, direct_b):
     b_segments, _ = segments_of(direct_b.items)
     for a_seg, b_seg in zip(a_segments, b_segments):
         a, b = ints(a_seg.audio), ints(b_seg.audio)
-        assert np.array_equal(a, b), (f"{np.count_nonzero(a != b)} of {b.size} samples differ; "
-                                      f"A == B - sign(B): {np.array_equal(a, b - np.sign(b))}")
+        assert np.array_equal(a, b), (
+            f"{np.count_nonzero(a != b)} of {b.size} samples differ; A == B - sign(B): {np.array_equal(a, b - np.sign(b))}"
+        )
 
 
 async def test_file_format_through_a_is_heard(chain, whisper):
     sentence = "Please bring me 2 cups of coffee."
-    result = await run_session(chain.a.ws_url, {"response_format": "mp3", "sample_rate": 16000, "seed": SEED},
-                               [sentence[:12], sentence[12:]])
+    result = await run_session(
+        chain.a.ws_url, {"response_format": "mp3", "sample_rate": 16000, "seed": SEED}, [sentence[:12], sentence[12:]]
+    )
     assert result.close_code == 1000
     assert result.configured["engine"] == "openai" and result.configured["sample_rate"] == 16000
     assert kinds(result) == ["audio.start", "bin", "audio.done", "session.done"], kinds(result)
@@ -247,8 +269,7 @@ async def test_file_format_through_a_is_heard(chain, whisper):
 
 async def test_instructions_are_forwarded_and_refused_by_b(chain):
     sentences = ["Hello there.", "How are you today?"]
-    result = await run_session(chain.a.ws_url, {"stream_audio": True, "instructions": "Speak cheerfully."},
-                               [" ".join(sentences)])
+    result = await run_session(chain.a.ws_url, {"stream_audio": True, "instructions": "Speak cheerfully."}, [" ".join(sentences)])
     # A's engine takes instructions, so the handshake succeeds; B's Hibari refuses them per request.
     assert result.configured["engine"] == "openai"
     assert result.close_code == 1000
@@ -257,17 +278,30 @@ async def test_instructions_are_forwarded_and_refused_by_b(chain):
     events = result.events
     for index in range(2):
         error, done = events[2 * index], events[2 * index + 1]
-        assert error == {"type": "error", "message": "instructions is not supported by engine 'hibari'",
-                         "error_type": "BadRequestError", "param": "instructions", "code": 400,
-                         "id": f"{sid}-{index}", "sentence_index": index}
-        assert done == {"type": "audio.done", "id": f"{sid}-{index}", "sentence_index": index, "total_bytes": 0,
-                        "error": True, "cancelled": False}
+        assert error == {
+            "type": "error",
+            "message": "instructions is not supported by engine 'hibari'",
+            "error_type": "BadRequestError",
+            "param": "instructions",
+            "code": 400,
+            "id": f"{sid}-{index}",
+            "sentence_index": index,
+        }
+        assert done == {
+            "type": "audio.done",
+            "id": f"{sid}-{index}",
+            "sentence_index": index,
+            "total_bytes": 0,
+            "error": True,
+            "cancelled": False,
+        }
     assert events[-1] == {"type": "session.done", "session_id": sid, "total_sentences": 2}
 
 
 async def test_cancel_mid_utterance_then_new_text(chain, whisper):
-    ws, configured, items = await speak_until_first_frame(chain.a.ws_url, CONFIG, " ".join(LONG_SENTENCES) + " ",
-                                                          small_buffers=True)
+    ws, configured, items = await speak_until_first_frame(
+        chain.a.ws_url, CONFIG, " ".join(LONG_SENTENCES) + " ", small_buffers=True
+    )
     sid = configured["session_id"]
     try:
         assert items[0].data["sentence_index"] == 0 and items[0].data["sentence_text"] == LONG_SENTENCES[0]
@@ -278,12 +312,22 @@ async def test_cancel_mid_utterance_then_new_text(chain, whisper):
         segments, problems = segments_of(items + after.items)
         assert problems == []
         cut = segments[-1]
-        assert cut.done == {"type": "audio.done", "id": f"{sid}-{cut.index}", "sentence_index": cut.index,
-                            "total_bytes": len(cut.audio), "error": False, "cancelled": True}
+        assert cut.done == {
+            "type": "audio.done",
+            "id": f"{sid}-{cut.index}",
+            "sentence_index": cut.index,
+            "total_bytes": len(cut.audio),
+            "error": False,
+            "cancelled": True,
+        }
         assert all(s.done["cancelled"] is False and s.done["total_bytes"] == len(s.audio) for s in segments[:-1])
-        assert after.events[-1] == {"type": "input.cancelled", "session_id": sid,
-                                    "cancelled_sentences": len(LONG_SENTENCES) - cut.index,
-                                    "total_sentences": cut.index + 1, "origin": "client"}
+        assert after.events[-1] == {
+            "type": "input.cancelled",
+            "session_id": sid,
+            "cancelled_sentences": len(LONG_SENTENCES) - cut.index,
+            "total_sentences": cut.index + 1,
+            "origin": "client",
+        }
         follow_index = cut.index + 1
 
         # New text after the cancel is spoken, with the next free sentence index.
@@ -298,8 +342,14 @@ async def test_cancel_mid_utterance_then_new_text(chain, whisper):
     (segment,), problems = segments_of(rest.items)
     assert problems == []
     assert segment.start["sentence_index"] == follow_index and segment.start["sentence_text"] == follow
-    assert segment.done == {"type": "audio.done", "id": f"{sid}-{follow_index}", "sentence_index": follow_index,
-                            "total_bytes": len(segment.audio), "error": False, "cancelled": False}
+    assert segment.done == {
+        "type": "audio.done",
+        "id": f"{sid}-{follow_index}",
+        "sentence_index": follow_index,
+        "total_bytes": len(segment.audio),
+        "error": False,
+        "cancelled": False,
+    }
     assert rest.events[-1] == {"type": "session.done", "session_id": sid, "total_sentences": follow_index + 1}
     assert_heard(whisper, pcm16_to_float(segment.audio), RATE, follow)
 
@@ -311,6 +361,7 @@ async def test_cancel_mid_utterance_then_new_text(chain, whisper):
 
 def test_both_exit_cleanly_on_sigterm(chain):
     """Last in the module: SIGTERM A while one of its sessions is speaking through B, then B."""
+
     async def scenario():
         ws, configured, _ = await speak_until_first_frame(chain.a.ws_url, CONFIG, " ".join(LONG_SENTENCES) + " ")
         try:
@@ -347,8 +398,9 @@ def fragile():
     b = DaphneServer(B_ENV).start()
     a = None
     try:
-        a = DaphneServer(a_env(b, SPEECH_UPSTREAM_CONNECT_TIMEOUT_S=str(CONNECT_TIMEOUT_S),
-                               SPEECH_UPSTREAM_READ_TIMEOUT_S=str(READ_TIMEOUT_S))).start()
+        a = DaphneServer(
+            a_env(b, SPEECH_UPSTREAM_CONNECT_TIMEOUT_S=str(CONNECT_TIMEOUT_S), SPEECH_UPSTREAM_READ_TIMEOUT_S=str(READ_TIMEOUT_S))
+        ).start()
         yield Pair(a, b)
     finally:
         if a is not None:
@@ -369,8 +421,14 @@ def check_failed_segment(result, message_check):
     assert error["error_type"] == "server_error" and "code" not in error, error
     assert (error["id"], error["sentence_index"]) == (f"{sid}-0", 0) and "partial_audio" not in error, error
     assert message_check(error["message"]), error["message"]
-    assert done == {"type": "audio.done", "id": f"{sid}-0", "sentence_index": 0, "total_bytes": 0, "error": True,
-                    "cancelled": False}
+    assert done == {
+        "type": "audio.done",
+        "id": f"{sid}-0",
+        "sentence_index": 0,
+        "total_bytes": 0,
+        "error": True,
+        "cancelled": False,
+    }
     assert finished == {"type": "session.done", "session_id": sid, "total_sentences": 1}
 
 

@@ -49,6 +49,7 @@ async def outcome(engine, request=None):
     async def run():
         async for chunk in engine.stream(request or req()):
             chunks.append(chunk)
+
     try:
         await asyncio.wait_for(run(), GUARD_S)
     except EngineError as exc:
@@ -105,6 +106,7 @@ async def engines():
 
 # 1. Request body and headers
 
+
 async def test_body_has_input_pcm_and_audio_stream_and_no_model_or_voice_by_default(mock, engines):
     assert np.array_equal(await audio(engines(mock), req("Hi.")), samples(TONE))
     (sent,) = mock.requests
@@ -123,11 +125,24 @@ async def test_model_from_constructor_and_overridden_by_options(mock, engines):
 
 
 async def test_voice_and_options_forwarded_verbatim(mock, engines):
-    options = {"language": "German", "instructions": "Speak slowly.", "temperature": 0.7, "top_p": 0.9,
-               "top_k": 50, "repetition_penalty": 1.05, "max_new_tokens": 2048, "seed": 42}
+    options = {
+        "language": "German",
+        "instructions": "Speak slowly.",
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 50,
+        "repetition_penalty": 1.05,
+        "max_new_tokens": 2048,
+        "seed": 42,
+    }
     await audio(engines(mock), req("Guten Tag.", voice="Ryan", **options))
-    assert mock.requests[0].json == {"input": "Guten Tag.", "response_format": "pcm", "stream_format": "audio",
-                                   "voice": "Ryan", **options}
+    assert mock.requests[0].json == {
+        "input": "Guten Tag.",
+        "response_format": "pcm",
+        "stream_format": "audio",
+        "voice": "Ryan",
+        **options,
+    }
 
 
 async def test_bearer_key_on_speech_and_voice_requests_only_when_set():
@@ -137,18 +152,25 @@ async def test_bearer_key_on_speech_and_voice_requests_only_when_set():
     await audio(engine, req())
     await engine.aclose()
     assert [(r.method, r.headers.get("authorization")) for r in mock.requests] == [
-        ("GET", "Bearer sk-test"), ("POST", "Bearer sk-test")]
+        ("GET", "Bearer sk-test"),
+        ("POST", "Bearer sk-test"),
+    ]
 
 
 # 2. Reference voices
 
-MIMES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg", "m4a": "audio/mp4",
-         "webm": "audio/webm"}
+MIMES = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "ogg": "audio/ogg",
+    "m4a": "audio/mp4",
+    "webm": "audio/webm",
+}
 
 
 def reference(container="wav", transcript="This is my voice."):
-    return ReferenceVoice(name="alice", audio=good(container, 1.0), container=container, transcript=transcript,
-                          language="en")
+    return ReferenceVoice(name="alice", audio=good(container, 1.0), container=container, transcript=transcript, language="en")
 
 
 @pytest.mark.parametrize("container", sorted(MIMES))
@@ -158,7 +180,7 @@ async def test_reference_voice_travels_as_data_url_with_transcript(mock, engines
     body = mock.requests[0].json
     prefix = f"data:{MIMES[container]};base64,"
     assert body["ref_audio"].startswith(prefix)
-    assert base64.b64decode(body["ref_audio"][len(prefix):], validate=True) == ref.audio
+    assert base64.b64decode(body["ref_audio"][len(prefix) :], validate=True) == ref.audio
     assert body["ref_text"] == "This is my voice."
     assert "voice" not in body
 
@@ -187,8 +209,11 @@ def odd_split(data, sizes=(1, 3, 5, 2, 7, 1, 4)):
     return [data[a:b] for a, b in zip(cuts, cuts[1:]) if a < len(data)]
 
 
-@pytest.mark.parametrize("chunks", [[EDGE + TONE], odd_split(EDGE + TONE[:400]), odd_split(EDGE * 30, (9, 13))],
-                         ids=["whole", "odd-offsets", "odd-offsets-2"])
+@pytest.mark.parametrize(
+    "chunks",
+    [[EDGE + TONE], odd_split(EDGE + TONE[:400]), odd_split(EDGE * 30, (9, 13))],
+    ids=["whole", "odd-offsets", "odd-offsets-2"],
+)
 async def test_samples_are_int16_over_32768_exactly(up, engines, chunks):
     up.script(Reply(chunks=chunks))
     got = await audio(engines(up.url))
@@ -209,29 +234,63 @@ async def test_trailing_odd_byte_fails(up, engines):
 BIG = b"x" * (8 * 1024 * 1024)
 
 
-@pytest.mark.parametrize("reply, error_type, code, message, param", [
-    (error_reply(400, "Input text is too long.", param="input"), BAD_REQUEST, 400, "Input text is too long.", "input"),
-    (Reply(422, {"content-type": "application/json"}, [], json.dumps({"detail": "No voice 'zed'"}).encode()),
-     BAD_REQUEST, 400, "No voice 'zed'", None),  # FastAPI's shape
-    (Reply(422, {"content-type": "application/json"}, [], json.dumps({"detail": [
-        {"type": "missing", "loc": ["body", "input"], "msg": "Field required"},
-        {"type": "float_type", "loc": ["body", "temperature"], "msg": "Input should be a valid number"}]}).encode()),
-     BAD_REQUEST, 400, "input: Field required; temperature: Input should be a valid number", "input"),
-    (error_reply(429, "Slow down.", type_="rate_limit_error"), RATE_LIMIT, 429,
-     "upstream speech server is rate limiting: Slow down.", None),
-    (error_reply(500, "CUDA out of memory", type_="server_error"), SERVER_ERROR, None,
-     "upstream speech server failed (HTTP 500): CUDA out of memory", None),
-], ids=["400", "422", "422-validation-list", "429", "500"])
-async def test_status_errors_map_to_contract_classes_without_retry(mock, engines, reply, error_type, code, message,
-                                                                   param):
+@pytest.mark.parametrize(
+    "reply, error_type, code, message, param",
+    [
+        (error_reply(400, "Input text is too long.", param="input"), BAD_REQUEST, 400, "Input text is too long.", "input"),
+        (
+            Reply(422, {"content-type": "application/json"}, [], json.dumps({"detail": "No voice 'zed'"}).encode()),
+            BAD_REQUEST,
+            400,
+            "No voice 'zed'",
+            None,
+        ),  # FastAPI's shape
+        (
+            Reply(
+                422,
+                {"content-type": "application/json"},
+                [],
+                json.dumps(
+                    {
+                        "detail": [
+                            {"type": "missing", "loc": ["body", "input"], "msg": "Field required"},
+                            {"type": "float_type", "loc": ["body", "temperature"], "msg": "Input should be a valid number"},
+                        ]
+                    }
+                ).encode(),
+            ),
+            BAD_REQUEST,
+            400,
+            "input: Field required; temperature: Input should be a valid number",
+            "input",
+        ),
+        (
+            error_reply(429, "Slow down.", type_="rate_limit_error"),
+            RATE_LIMIT,
+            429,
+            "upstream speech server is rate limiting: Slow down.",
+            None,
+        ),
+        (
+            error_reply(500, "CUDA out of memory", type_="server_error"),
+            SERVER_ERROR,
+            None,
+            "upstream speech server failed (HTTP 500): CUDA out of memory",
+            None,
+        ),
+    ],
+    ids=["400", "422", "422-validation-list", "429", "500"],
+)
+async def test_status_errors_map_to_contract_classes_without_retry(mock, engines, reply, error_type, code, message, param):
     mock.script(reply, reply, reply)
     error = await failure(engines(mock))
     assert (error.error_type, error.code, error.message, error.param) == (error_type, code, message, param)
     assert len(mock.requests) == 1
 
 
-@pytest.mark.parametrize("status, hint", [(401, "SPEECH_UPSTREAM_API_KEY"), (403, "SPEECH_UPSTREAM_API_KEY"),
-                                          (404, "SPEECH_UPSTREAM_URL")])
+@pytest.mark.parametrize(
+    "status, hint", [(401, "SPEECH_UPSTREAM_API_KEY"), (403, "SPEECH_UPSTREAM_API_KEY"), (404, "SPEECH_UPSTREAM_URL")]
+)
 async def test_configuration_errors_name_the_setting(mock, engines, status, hint):
     mock.script(error_reply(status, "nope"))
     error = await failure(engines(mock))
@@ -248,11 +307,15 @@ async def test_503_on_every_attempt_is_queue_full(mock, engines, retries):
     assert len(mock.requests) == retries + 1
 
 
-@pytest.mark.parametrize("reply", [
-    Reply(status=500, headers={"content-type": "text/plain"}, chunks=[], body=BIG),
-    # a body that never ends: only a reader that stops early can report the error at all
-    Reply(status=500, headers={"content-type": "text/plain"}, chunks=[BIG[:2 << 20]] * 3, hold=True),
-], ids=["content-length", "endless"])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(status=500, headers={"content-type": "text/plain"}, chunks=[], body=BIG),
+        # a body that never ends: only a reader that stops early can report the error at all
+        Reply(status=500, headers={"content-type": "text/plain"}, chunks=[BIG[: 2 << 20]] * 3, hold=True),
+    ],
+    ids=["content-length", "endless"],
+)
 async def test_huge_error_body_is_not_read_whole(up, engines, reply):
     up.script(reply)
     error = await failure(engines(up.url, read_timeout_s=10 * GUARD_S))
@@ -262,9 +325,18 @@ async def test_huge_error_body_is_not_read_whole(up, engines, reply):
 
 # 5. Retries
 
-@pytest.mark.parametrize("first", [error_reply(503, "busy"), error_reply(502, "bad gateway"),
-                                   error_reply(504, "timeout"), Reply(drop=True), Reply(chunks=[], break_after=True)],
-                         ids=["503", "502", "504", "drop", "headers-only"])
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        error_reply(503, "busy"),
+        error_reply(502, "bad gateway"),
+        error_reply(504, "timeout"),
+        Reply(drop=True),
+        Reply(chunks=[], break_after=True),
+    ],
+    ids=["503", "502", "504", "drop", "headers-only"],
+)
 async def test_retried_before_the_first_byte(up, engines, first):
     up.script(first, Reply())
     assert np.array_equal(await audio(engines(up.url)), samples(TONE))
@@ -305,6 +377,7 @@ async def test_no_retry_on_read_timeout(up, engines, stall):
 
 # 6. Bad upstreams fail, never hang
 
+
 async def test_hold_after_audio_fails_after_the_audio(up, engines):
     up.script(Reply(chunks=[TONE], hold=True))
     chunks, error = await outcome(engines(up.url, read_timeout_s=0.3))
@@ -316,7 +389,7 @@ async def test_hold_after_audio_fails_after_the_audio(up, engines):
 
 async def test_an_upstream_that_trickles_falls_behind_real_time_and_fails(up, engines):
     """A byte pair every 0.1 s never trips the read timeout, yet would hold the segment for ever."""
-    up.script(Reply(chunks=[TONE[i:i + 2] for i in range(0, 200, 2)], interval_s=0.1))
+    up.script(Reply(chunks=[TONE[i : i + 2] for i in range(0, 200, 2)], interval_s=0.1))
     chunks, error = await outcome(engines(up.url, read_timeout_s=0.3))
     assert error is not None and error.message == "upstream speech server fell more than 0.3 s behind real time"
     assert chunks and error.error_type == SERVER_ERROR
@@ -336,16 +409,26 @@ async def test_garbage_on_every_attempt_is_invalid_http(up, engines):
     assert len(up.requests) == 3
 
 
-@pytest.mark.parametrize("headers, message", [
-    ({"content-type": "text/html; charset=utf-8"}, "upstream speech server sent 'text/html; charset=utf-8', "
-                                                   "not raw PCM audio"),
-    ({"content-type": "application/json"}, "upstream speech server sent 'application/json', not raw PCM audio"),
-    ({}, "upstream speech server sent 'no content type', not raw PCM audio"),
-    ({"content-type": "audio/pcm", "x-sample-rate": "16000"},
-     "upstream speech server sent 16000 Hz audio; SPEECH_UPSTREAM_SAMPLE_RATE is 24000"),
-    ({"content-type": "audio/L16; rate=16000"},
-     "upstream speech server sent 16000 Hz audio; SPEECH_UPSTREAM_SAMPLE_RATE is 24000"),
-], ids=["html", "json", "none", "x-sample-rate", "l16-rate"])
+@pytest.mark.parametrize(
+    "headers, message",
+    [
+        (
+            {"content-type": "text/html; charset=utf-8"},
+            "upstream speech server sent 'text/html; charset=utf-8', not raw PCM audio",
+        ),
+        ({"content-type": "application/json"}, "upstream speech server sent 'application/json', not raw PCM audio"),
+        ({}, "upstream speech server sent 'no content type', not raw PCM audio"),
+        (
+            {"content-type": "audio/pcm", "x-sample-rate": "16000"},
+            "upstream speech server sent 16000 Hz audio; SPEECH_UPSTREAM_SAMPLE_RATE is 24000",
+        ),
+        (
+            {"content-type": "audio/L16; rate=16000"},
+            "upstream speech server sent 16000 Hz audio; SPEECH_UPSTREAM_SAMPLE_RATE is 24000",
+        ),
+    ],
+    ids=["html", "json", "none", "x-sample-rate", "l16-rate"],
+)
 async def test_not_pcm_or_wrong_rate_is_refused(mock, engines, headers, message):
     mock.script(Reply(headers=headers), Reply(), Reply())
     chunks, error = await outcome(engines(mock))
@@ -354,10 +437,14 @@ async def test_not_pcm_or_wrong_rate_is_refused(mock, engines, headers, message)
     assert len(mock.requests) == 1
 
 
-@pytest.mark.parametrize("headers", [
-    {"content-type": "audio/pcm", "x-sample-rate": "24000"}, {"content-type": "application/octet-stream"},
-    {"content-type": "audio/pcm;rate=24000"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"content-type": "audio/pcm", "x-sample-rate": "24000"},
+        {"content-type": "application/octet-stream"},
+        {"content-type": "audio/pcm;rate=24000"},
+    ],
+)
 async def test_pcm_types_and_matching_rate_accepted(mock, engines, headers):
     mock.script(Reply(headers=headers))
     assert np.array_equal(await audio(engines(mock)), samples(TONE))
@@ -382,6 +469,7 @@ async def test_pool_exhaustion_fails_within_the_pool_timeout(up, engines):
 
 # 7. Cancellation
 
+
 async def test_cancelling_the_consumer_closes_the_connection(up, engines):
     up.script(Reply(chunks=[TONE], hold=True))
     engine = engines(up.url)
@@ -404,11 +492,12 @@ async def test_closing_the_iterator_closes_the_connection(up, engines):
     up.script(Reply(chunks=[TONE], hold=True))
     async with contextlib.aclosing(engines(up.url).stream(req())) as stream:
         chunk = await asyncio.wait_for(anext(stream), GUARD_S)
-        assert np.array_equal(chunk, samples(TONE)[:len(chunk)])
+        assert np.array_equal(chunk, samples(TONE)[: len(chunk)])
     await up.reached(lambda: up.disconnects == 1 and up.open == 0)
 
 
 # 8. Connections
+
 
 async def test_sequential_requests_reuse_one_connection(up, engines):
     engine = engines(up.url)
@@ -420,9 +509,16 @@ async def test_sequential_requests_reuse_one_connection(up, engines):
 
 async def test_no_connection_left_after_failures_cancels_and_aclose(up, engines):
     engine = engines(up.url, retries=1, read_timeout_s=0.3)
-    up.script(Reply(), error_reply(400, "bad"), Reply(status=500, chunks=[], body=BIG),
-              Reply(headers={"content-type": "application/json"}), Reply(chunks=[TONE], break_after=True),
-              Reply(hang=True), Reply(raw=b"junk"), Reply(drop=True))
+    up.script(
+        Reply(),
+        error_reply(400, "bad"),
+        Reply(status=500, chunks=[], body=BIG),
+        Reply(headers={"content-type": "application/json"}),
+        Reply(chunks=[TONE], break_after=True),
+        Reply(hang=True),
+        Reply(raw=b"junk"),
+        Reply(drop=True),
+    )
     await audio(engine)
     for _ in range(6):
         await failure(engine)
@@ -437,12 +533,20 @@ async def test_no_connection_left_after_failures_cancels_and_aclose(up, engines)
 
 # 9. Voice discovery
 
-@pytest.mark.parametrize("listing", [
-    {"voices": ["Vivian", "Ryan", "Serena"], "uploaded_voices": []},
-    {"voices": ["Vivian", "Ryan"], "uploaded_voices": [{"name": "Serena", "consent": "c", "ref_text": "Hi."}]},
-    {"object": "list", "data": [{"name": "Vivian", "object": "voice"}, {"name": "Ryan"}, {"name": "Serena"}],
-     "default": "Vivian"},
-], ids=["vllm-omni", "vllm-omni-uploaded", "ours"])
+
+@pytest.mark.parametrize(
+    "listing",
+    [
+        {"voices": ["Vivian", "Ryan", "Serena"], "uploaded_voices": []},
+        {"voices": ["Vivian", "Ryan"], "uploaded_voices": [{"name": "Serena", "consent": "c", "ref_text": "Hi."}]},
+        {
+            "object": "list",
+            "data": [{"name": "Vivian", "object": "voice"}, {"name": "Ryan"}, {"name": "Serena"}],
+            "default": "Vivian",
+        },
+    ],
+    ids=["vllm-omni", "vllm-omni-uploaded", "ours"],
+)
 async def test_warm_up_learns_the_upstream_voices(listing):
     with StandIn(voices=listing) as up:
         engine = OpenAIEngine(url=up.url)
@@ -503,14 +607,14 @@ async def test_configured_voices_skip_discovery():
 
 # 10. Session config against the engine's capabilities
 
+
 async def no_voice(name):
     return None
 
 
 async def test_open_voice_set_passes_an_unknown_name_on(up, engines):
     engine = engines(up.url)
-    config = await resolve_config({"type": "session.config", "session": {"voice": "  Serena "}},
-                                  engine.capabilities, no_voice)
+    config = await resolve_config({"type": "session.config", "session": {"voice": "  Serena "}}, engine.capabilities, no_voice)
     assert (config.voice, config.reference) == ("Serena", None)
     await audio(engine, req(voice=config.voice, reference=config.reference, **config.options))
     assert up.requests[0].json["voice"] == "Serena"
@@ -522,8 +626,7 @@ async def test_open_voice_set_uses_an_uploaded_voice(up, engines):
     async def find(name):
         return ref if name == "alice" else None
 
-    config = await resolve_config({"type": "session.config", "session": {"voice": "alice"}}, engine.capabilities,
-                                  find)
+    config = await resolve_config({"type": "session.config", "session": {"voice": "alice"}}, engine.capabilities, find)
     assert (config.voice, config.reference) == ("alice", ref)
     await audio(engine, req(voice=config.voice, reference=config.reference, **config.options))
     body = up.requests[0].json
@@ -536,18 +639,33 @@ async def test_known_voices_refuse_an_unknown_name():
         await resolve_config({"type": "session.config", "session": {"voice": "zzz"}}, engine.capabilities, no_voice)
     error = info.value
     assert (error.message, error.param, error.error_type, error.code) == (
-        "Unknown voice 'zzz'. Supported voices: a, b", "voice", BAD_REQUEST, 400)
+        "Unknown voice 'zzz'. Supported voices: a, b",
+        "voice",
+        BAD_REQUEST,
+        400,
+    )
     assert error.fatal
 
 
 async def test_instructions_and_ref_audio_are_accepted():
     engine = OpenAIEngine(url="http://127.0.0.1:9/v1")
-    session = {"voice": "Ryan", "instructions": "Whisper.", "ref_audio": "data:audio/wav;base64,AAAA",
-               "ref_text": "Hi.", "model": "m", "seed": 3}
+    session = {
+        "voice": "Ryan",
+        "instructions": "Whisper.",
+        "ref_audio": "data:audio/wav;base64,AAAA",
+        "ref_text": "Hi.",
+        "model": "m",
+        "seed": 3,
+    }
     config = await resolve_config({"type": "session.config", "session": session}, engine.capabilities, no_voice)
     assert config.voice == "Ryan"
-    assert config.options == {"model": "m", "instructions": "Whisper.", "ref_audio": "data:audio/wav;base64,AAAA",
-                              "ref_text": "Hi.", "seed": 3}
+    assert config.options == {
+        "model": "m",
+        "instructions": "Whisper.",
+        "ref_audio": "data:audio/wav;base64,AAAA",
+        "ref_text": "Hi.",
+        "seed": 3,
+    }
 
 
 # 11. System checks
@@ -561,15 +679,18 @@ def test_check_missing_url(settings):
     assert [error.id for error in check_speech_settings(None)] == ["speech.E005"]
 
 
-@pytest.mark.parametrize("overrides, ids", [
-    ({"SPEECH_UPSTREAM_URL": "ftp://x"}, ["speech.E005"]),
-    ({"SPEECH_UPSTREAM_URL": ""}, ["speech.E005"]),
-    ({"SPEECH_UPSTREAM_URL": "http://"}, ["speech.E005"]),
-    ({"SPEECH_UPSTREAM_URL": GOOD_URL, "SPEECH_UPSTREAM_SAMPLE_RATE": 12345}, ["speech.E006"]),
-    ({"SPEECH_UPSTREAM_URL": GOOD_URL, "SPEECH_UPSTREAM_RETRIES": -1}, ["speech.E007"]),
-    ({"SPEECH_UPSTREAM_URL": GOOD_URL, "SPEECH_UPSTREAM_RETRIES": 0, "SPEECH_UPSTREAM_SAMPLE_RATE": 16000}, []),
-    ({"SPEECH_UPSTREAM_URL": "https://api.openai.com/v1"}, []),
-])
+@pytest.mark.parametrize(
+    "overrides, ids",
+    [
+        ({"SPEECH_UPSTREAM_URL": "ftp://x"}, ["speech.E005"]),
+        ({"SPEECH_UPSTREAM_URL": ""}, ["speech.E005"]),
+        ({"SPEECH_UPSTREAM_URL": "http://"}, ["speech.E005"]),
+        ({"SPEECH_UPSTREAM_URL": GOOD_URL, "SPEECH_UPSTREAM_SAMPLE_RATE": 12345}, ["speech.E006"]),
+        ({"SPEECH_UPSTREAM_URL": GOOD_URL, "SPEECH_UPSTREAM_RETRIES": -1}, ["speech.E007"]),
+        ({"SPEECH_UPSTREAM_URL": GOOD_URL, "SPEECH_UPSTREAM_RETRIES": 0, "SPEECH_UPSTREAM_SAMPLE_RATE": 16000}, []),
+        ({"SPEECH_UPSTREAM_URL": "https://api.openai.com/v1"}, []),
+    ],
+)
 def test_upstream_settings_checks(overrides, ids):
     with override_settings(SPEECH_ENGINE="openai", **overrides):
         assert [error.id for error in check_speech_settings(None)] == ids

@@ -59,10 +59,17 @@ STARTED = []  # every server of this module, checked after each test
 
 
 def server_env(url, media, **extra):
-    env = {"SPEECH_ENGINE": "openai", "SPEECH_UPSTREAM_URL": url, "SPEECH_REQUIRE_API_KEY": "false",
-           "REDIS_URL": "", "MEDIA_ROOT": media, "SPEECH_UPSTREAM_API_KEY": KEY,
-           "SPEECH_UPSTREAM_READ_TIMEOUT_S": str(READ_TIMEOUT_S), "SPEECH_UPSTREAM_CONNECT_TIMEOUT_S": "3",
-           "SPEECH_IDLE_TIMEOUT_S": "30"}
+    env = {
+        "SPEECH_ENGINE": "openai",
+        "SPEECH_UPSTREAM_URL": url,
+        "SPEECH_REQUIRE_API_KEY": "false",
+        "REDIS_URL": "",
+        "MEDIA_ROOT": media,
+        "SPEECH_UPSTREAM_API_KEY": KEY,
+        "SPEECH_UPSTREAM_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
+        "SPEECH_UPSTREAM_CONNECT_TIMEOUT_S": "3",
+        "SPEECH_IDLE_TIMEOUT_S": "30",
+    }
     env.update(extra)
     return env
 
@@ -83,8 +90,7 @@ def up():
 
 @pytest.fixture(scope="module")
 def main(up, media):
-    env = server_env(up.url, media, SPEECH_UPSTREAM_VOICES="alpha,beta", SPEECH_UPSTREAM_MODEL=MODEL,
-                     SPEECH_UPSTREAM_RETRIES="0")
+    env = server_env(up.url, media, SPEECH_UPSTREAM_VOICES="alpha,beta", SPEECH_UPSTREAM_MODEL=MODEL, SPEECH_UPSTREAM_RETRIES="0")
     with serving(env) as srv:
         STARTED.append(srv)
         yield srv
@@ -93,16 +99,17 @@ def main(up, media):
 @pytest.fixture(scope="module")
 def learning(media):
     # vLLM-omni's listing: built-in voices plus the ones uploaded to it
-    with StandIn(voices={"voices": ["nova", "onyx"], "uploaded_voices": [{"name": "their-clone"}]}) as standin, \
-            serving(server_env(standin.url, media)) as srv:
+    with (
+        StandIn(voices={"voices": ["nova", "onyx"], "uploaded_voices": [{"name": "their-clone"}]}) as standin,
+        serving(server_env(standin.url, media)) as srv,
+    ):
         STARTED.append(srv)
         yield srv, standin
 
 
 @pytest.fixture(scope="module")
 def open_voices(media):
-    with StandIn(voices=None) as standin, \
-            serving(server_env(standin.url, media, SPEECH_UPSTREAM_RETRIES="0")) as srv:
+    with StandIn(voices=None) as standin, serving(server_env(standin.url, media, SPEECH_UPSTREAM_RETRIES="0")) as srv:
         STARTED.append(srv)
         yield srv, standin
 
@@ -124,6 +131,7 @@ def servers_healthy():
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
 
 def posts(standin):
     return [r for r in standin.requests if r.method == "POST"]
@@ -206,10 +214,13 @@ async def rest(srv, method, path, payload=None, **kwargs):
 
 def multipart(fields, name, filename, content_type, data):
     boundary = uuid.uuid4().hex
-    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-             for k, v in fields.items()]
-    parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
-                 f"Content-Type: {content_type}\r\n\r\n".encode() + data + b"\r\n")
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()]
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{filename}"\r\n'
+        f"Content-Type: {content_type}\r\n\r\n".encode()
+        + data
+        + b"\r\n"
+    )
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
@@ -231,8 +242,9 @@ def all_of(data):
 
 
 def token(item):
-    return "b" if item.kind == "audio" else {"audio.start": "S", "audio.done": "D", "session.done": "E"}.get(
-        item.data["type"], "?")
+    return (
+        "b" if item.kind == "audio" else {"audio.start": "S", "audio.done": "D", "session.done": "E"}.get(item.data["type"], "?")
+    )
 
 
 def peak_hz(data, rate):
@@ -253,18 +265,22 @@ async def test_streamed_session_is_one_post_per_segment_with_its_audio(main, up)
     segments = finished(result, TWO)
     sid = result.configured["session_id"]
     assert result.configured["engine"] == "openai" and result.configured["sample_rate"] == RATE
-    assert [r.json for r in requests] == [body_of("Hello there.", voice="alpha"),
-                                          body_of("How are you today?", voice="alpha")]
+    assert [r.json for r in requests] == [body_of("Hello there.", voice="alpha"), body_of("How are you today?", voice="alpha")]
     assert all(r.path == "/v1/audio/speech" and r.headers["authorization"] == f"Bearer {KEY}" for r in requests)
     for segment, sent in zip(segments, (first, second)):
-        assert segment.start == {"type": "audio.start", "id": f"{sid}-{segment.index}", "sentence_index": segment.index,
-                                 "sentence_text": TWO[segment.index].strip(), "format": "pcm", "sample_rate": RATE}
+        assert segment.start == {
+            "type": "audio.start",
+            "id": f"{sid}-{segment.index}",
+            "sentence_index": segment.index,
+            "sentence_text": TWO[segment.index].strip(),
+            "format": "pcm",
+            "sample_rate": RATE,
+        }
         assert segment.done["error"] is False and segment.done["cancelled"] is False
         same_audio(segment.audio, sent)
 
 
-@pytest.mark.parametrize("content_type, order", [("audio/L16; rate=24000", ">i2"),
-                                                 ("application/octet-stream", "<i2")])
+@pytest.mark.parametrize("content_type, order", [("audio/L16; rate=24000", ">i2"), ("application/octet-stream", "<i2")])
 async def test_other_raw_pcm_content_types_are_read_in_their_byte_order(main, up, content_type, order):
     sent = pcm(0.2)
     up.script(Reply(headers={"content-type": content_type}, chunks=[samples(sent).astype(order).tobytes()]))
@@ -298,17 +314,36 @@ async def test_wav_is_encoded_here_as_one_file_per_segment(main, up):
 
 # -- 2. forwarding ------------------------------------------------------------------------------------
 
+
 async def test_session_fields_are_forwarded_and_speed_is_ours(main, up):
     sent = pcm(1.0)
     up.script(Reply(chunks=[sent]))
-    config = {"stream_audio": True, "voice": "BETA", "model": "client-model", "instructions": "Speak softly.",
-              "language": "English", "temperature": 0.7, "seed": 42, "top_p": 0.9, "speed": 2.0}
+    config = {
+        "stream_audio": True,
+        "voice": "BETA",
+        "model": "client-model",
+        "instructions": "Speak softly.",
+        "language": "English",
+        "temperature": 0.7,
+        "seed": 42,
+        "top_p": 0.9,
+        "speed": 2.0,
+    }
     result, requests = await speak(main, up, config, ["Quickly now. "])
     (segment,) = finished(result, ["Quickly now. "])
     assert result.configured["voice"] == "beta"
-    assert requests[0].json == {"model": "client-model", "input": "Quickly now.", "response_format": "pcm",
-                                "stream_format": "audio", "voice": "beta", "instructions": "Speak softly.",
-                                "language": "English", "temperature": 0.7, "seed": 42, "top_p": 0.9}
+    assert requests[0].json == {
+        "model": "client-model",
+        "input": "Quickly now.",
+        "response_format": "pcm",
+        "stream_format": "audio",
+        "voice": "beta",
+        "instructions": "Speak softly.",
+        "language": "English",
+        "temperature": 0.7,
+        "seed": 42,
+        "top_p": 0.9,
+    }
     assert requests[0].headers["authorization"] == f"Bearer {KEY}"
     # Our own time-stretch: half as long, same pitch.
     assert 0.4 < len(segment.audio) / len(sent) < 0.6, len(segment.audio) / len(sent)
@@ -317,13 +352,21 @@ async def test_session_fields_are_forwarded_and_speed_is_ours(main, up):
 
 # -- 3. voices --------------------------------------------------------------------------------------------
 
+
 async def test_configured_voices_default_accept_and_refuse(main, up):
     result, requests = await speak(main, up, {"stream_audio": True}, ["Default voice. "])
     finished(result, ["Default voice. "])
     assert result.configured["voice"] == "alpha" and requests[0].json["voice"] == "alpha"
     end = await handshake(main, {"voice": "zzz"})
-    assert end.events == [{"type": "error", "message": "Unknown voice 'zzz'. Supported voices: alpha, beta",
-                           "error_type": "BadRequestError", "param": "voice", "code": 400}]
+    assert end.events == [
+        {
+            "type": "error",
+            "message": "Unknown voice 'zzz'. Supported voices: alpha, beta",
+            "error_type": "BadRequestError",
+            "param": "voice",
+            "code": 400,
+        }
+    ]
     assert end.close_code == 4008
     status, _, health = await rest(main, "GET", "/healthz")
     assert status == 200 and json.loads(health)["voices"] == ["alpha", "beta"]
@@ -333,7 +376,8 @@ async def test_configured_voices_default_accept_and_refuse(main, up):
 async def test_voices_are_learned_from_the_upstream_at_start(learning):
     srv, standin = learning
     assert [(r.path, r.headers.get("authorization")) for r in standin.requests if r.method == "GET"] == [
-        ("/v1/audio/voices", f"Bearer {KEY}")]
+        ("/v1/audio/voices", f"Bearer {KEY}")
+    ]
     status, _, health = await rest(srv, "GET", "/healthz")
     assert status == 200 and json.loads(health)["voices"] == ["nova", "onyx", "their-clone"]
     status, _, listing = await rest(srv, "GET", "/v1/audio/voices")
@@ -360,22 +404,29 @@ async def test_with_no_voices_known_any_name_is_passed_on(open_voices):
 
 # -- 4. uploaded voices -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["wav", "mp3"])
 async def test_uploaded_voice_travels_as_ref_audio_and_ref_text(main, up, kind):
     name, data, transcript = f"clone-{kind}-{uuid.uuid4().hex[:8]}", good(kind), "This is how I sound."
-    body, headers = multipart({"name": name, "consent": "recorded with consent", "ref_text": transcript},
-                              "audio_sample", NAMES[kind], CONTENT_TYPES[kind], data)
+    body, headers = multipart(
+        {"name": name, "consent": "recorded with consent", "ref_text": transcript},
+        "audio_sample",
+        NAMES[kind],
+        CONTENT_TYPES[kind],
+        data,
+    )
     status, _, created = await rest(main, "POST", "/v1/audio/voices", body=body, headers=headers)
     assert status == 201, created
     result, requests = await speak(main, up, {"stream_audio": True, "voice": name.upper()}, ["Say it like me. "])
     finished(result, ["Say it like me. "])
     assert result.configured["voice"] == name
     assert requests[0].json == body_of(
-        "Say it like me.", ref_audio=f"data:{CONTENT_TYPES[kind]};base64,{base64.b64encode(data).decode()}",
-        ref_text=transcript)
+        "Say it like me.", ref_audio=f"data:{CONTENT_TYPES[kind]};base64,{base64.b64encode(data).decode()}", ref_text=transcript
+    )
 
 
 # -- 5. errors, one segment at a time ---------------------------------------------------------------------
+
 
 def envelope(status, body):
     return Reply(status=status, headers={"content-type": "application/json"}, chunks=[], body=json.dumps(body).encode())
@@ -383,17 +434,24 @@ def envelope(status, body):
 
 SERVER = ("server_error", None, None)
 FAILURES = {
-    "400": (error_reply(400, "language 'xx' is not supported", "language"),
-            ("BadRequestError", 400, "language"), r"language 'xx' is not supported"),
-    "422-detail": (envelope(422, {"detail": "input is too long for this model"}),
-                   ("BadRequestError", 400, None), r"input is too long for this model"),
-    "422-fastapi": (envelope(422, {"detail": [{"loc": ["body", "top_k"], "msg": "Input should be greater than 0",
-                                               "type": "greater_than"}]}),
-                    ("BadRequestError", 400, "top_k"), r"top_k: Input should be greater than 0"),
+    "400": (
+        error_reply(400, "language 'xx' is not supported", "language"),
+        ("BadRequestError", 400, "language"),
+        r"language 'xx' is not supported",
+    ),
+    "422-detail": (
+        envelope(422, {"detail": "input is too long for this model"}),
+        ("BadRequestError", 400, None),
+        r"input is too long for this model",
+    ),
+    "422-fastapi": (
+        envelope(422, {"detail": [{"loc": ["body", "top_k"], "msg": "Input should be greater than 0", "type": "greater_than"}]}),
+        ("BadRequestError", 400, "top_k"),
+        r"top_k: Input should be greater than 0",
+    ),
     "429": (error_reply(429, "slow down", type_="rate_limit_error"), ("rate_limit_error", 429, None), r".*slow down.*"),
     "503": (error_reply(503, "busy"), SERVER, re.escape(QUEUE_FULL)),
-    "500": (Reply(status=500, headers={"content-type": "text/plain"}, chunks=[], body=b"boom"), SERVER,
-            r".*500.*boom.*"),
+    "500": (Reply(status=500, headers={"content-type": "text/plain"}, chunks=[], body=b"boom"), SERVER, r".*500.*boom.*"),
     "401": (error_reply(401, "bad key", type_="authentication_error"), SERVER, r".*SPEECH_UPSTREAM_API_KEY.*"),
     "content-type": (Reply(headers={"content-type": "audio/wav"}), SERVER, r".*'audio/wav', not raw PCM.*"),
     "sample-rate": (Reply(headers={"content-type": "audio/pcm", "x-sample-rate": "16000"}), SERVER, r".*16000 Hz.*"),
@@ -417,12 +475,25 @@ async def test_a_failing_segment_reports_and_the_next_one_speaks(main, up, case)
     assert failed.start is None and failed.frames == []
     (error,) = failed.errors
     assert re.fullmatch(message, error["message"]), error
-    expected = {"type": "error", "message": error["message"], "error_type": error_type, "id": f"{sid}-0",
-                "sentence_index": 0, **({"code": code} if code else {}), **({"param": param} if param else {})}
+    expected = {
+        "type": "error",
+        "message": error["message"],
+        "error_type": error_type,
+        "id": f"{sid}-0",
+        "sentence_index": 0,
+        **({"code": code} if code else {}),
+        **({"param": param} if param else {}),
+    }
     assert error == expected
     assert result.events.index(error) + 1 == result.events.index(failed.done)  # error, then its audio.done
-    assert failed.done == {"type": "audio.done", "id": f"{sid}-0", "sentence_index": 0, "total_bytes": 0,
-                           "error": True, "cancelled": False}
+    assert failed.done == {
+        "type": "audio.done",
+        "id": f"{sid}-0",
+        "sentence_index": 0,
+        "total_bytes": 0,
+        "error": True,
+        "cancelled": False,
+    }
     assert spoken.done["error"] is False
     same_audio(spoken.audio, good_pcm)
 
@@ -436,8 +507,14 @@ async def test_a_stream_breaking_off_after_audio_is_partial(main, up):
     (error,) = broken.errors
     assert error["error_type"] == "server_error" and error["partial_audio"] is True and "code" not in error
     assert (error["id"], error["sentence_index"]) == (f"{sid}-0", 0)
-    assert broken.done == {"type": "audio.done", "id": f"{sid}-0", "sentence_index": 0,
-                           "total_bytes": len(broken.audio), "error": True, "cancelled": False}
+    assert broken.done == {
+        "type": "audio.done",
+        "id": f"{sid}-0",
+        "sentence_index": 0,
+        "total_bytes": len(broken.audio),
+        "error": True,
+        "cancelled": False,
+    }
     assert spoken.done["error"] is False and len(spoken.audio) == len(pcm())
 
 
@@ -469,6 +546,7 @@ async def test_retries_before_audio_then_success(learning):
 
 # -- 6. cancellation closes the upstream connection --------------------------------------------------------
 
+
 @pytest.mark.parametrize("how", ["input.cancel", "rest", "disconnect"])
 async def test_cancel_closes_the_upstream_response(main, up, how):
     held = pcm(0.3)
@@ -486,18 +564,28 @@ async def test_cancel_closes_the_upstream_response(main, up, how):
         else:
             if how == "rest":
                 status, _, body = await rest(main, "POST", f"/v1/audio/speech/sessions/{sid}/cancel", body=b"")
-                assert (status, json.loads(body)) == (202, {"session_id": sid, "signal": "cancel",
-                                                            "status": "accepted"})
+                assert (status, json.loads(body)) == (202, {"session_id": sid, "signal": "cancel", "status": "accepted"})
             else:
                 await send_json(ws, {"type": "input.cancel"})
             after = await collect(ws, until=is_event("input.cancelled"))
             items = first.items + after.items
             (segment,), problems = segments_of(items)
             assert problems == []
-            assert segment.done == {"type": "audio.done", "id": f"{sid}-0", "sentence_index": 0,
-                                    "total_bytes": len(segment.audio), "error": False, "cancelled": True}
-            assert items[-1].data == {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 1,
-                                      "total_sentences": 1, "origin": "server" if how == "rest" else "client"}
+            assert segment.done == {
+                "type": "audio.done",
+                "id": f"{sid}-0",
+                "sentence_index": 0,
+                "total_bytes": len(segment.audio),
+                "error": False,
+                "cancelled": True,
+            }
+            assert items[-1].data == {
+                "type": "input.cancelled",
+                "session_id": sid,
+                "cancelled_sentences": 1,
+                "total_sentences": 1,
+                "origin": "server" if how == "rest" else "client",
+            }
         await up.reached(lambda: up.disconnects == before + 1)
         if how != "disconnect":  # the session goes on with the next free index
             await send_json(ws, {"type": "input.text", "text": "Something else. "})
@@ -533,38 +621,64 @@ async def test_client_leaving_mid_burst_leaves_no_traceback(media):
 
 # -- 8. REST one-shot ------------------------------------------------------------------------------------
 
+
 async def test_rest_speech_streams_through_the_upstream(main, up):
     first, second = pcm(0.2, freq=220.0), pcm(0.3, freq=330.0)
     up.script(Reply(chunks=[first]), Reply(chunks=[second]))
     start = len(posts(up))
-    status, headers, data = await rest(main, "POST", "/v1/audio/speech", {
-        "input": "One sentence here. Another one there.", "voice": "beta", "stream": True, "response_format": "pcm"})
+    status, headers, data = await rest(
+        main,
+        "POST",
+        "/v1/audio/speech",
+        {"input": "One sentence here. Another one there.", "voice": "beta", "stream": True, "response_format": "pcm"},
+    )
     assert status == 200, data[:500]
     assert (headers["Content-Type"], headers["X-Sample-Rate"], headers["X-Channels"], headers["X-Bit-Depth"]) == (
-        "audio/pcm", str(RATE), "1", "16")
-    assert [r.json for r in posts(up)[start:]] == [body_of("One sentence here.", voice="beta"),
-                                                   body_of("Another one there.", voice="beta")]
+        "audio/pcm",
+        str(RATE),
+        "1",
+        "16",
+    )
+    assert [r.json for r in posts(up)[start:]] == [
+        body_of("One sentence here.", voice="beta"),
+        body_of("Another one there.", voice="beta"),
+    ]
     same_audio(data, first + second)
 
 
-@pytest.mark.parametrize("reply, status, expected", [
-    (error_reply(503, "busy"), 503, {"message": QUEUE_FULL, "type": "server_error", "param": None, "code": 503}),
-    pytest.param(error_reply(400, "language 'xx' is not supported", "language"), 400,
-                 {"message": "language 'xx' is not supported", "type": "BadRequestError", "param": "language",
-                  "code": 400}),
-    pytest.param(error_reply(429, "slow down", type_="rate_limit_error"), 429,
-                 {"message": "upstream speech server is rate limiting: slow down", "type": "rate_limit_error",
-                  "param": None, "code": 429}),
-], ids=["503", "400", "429"])
+@pytest.mark.parametrize(
+    "reply, status, expected",
+    [
+        (error_reply(503, "busy"), 503, {"message": QUEUE_FULL, "type": "server_error", "param": None, "code": 503}),
+        pytest.param(
+            error_reply(400, "language 'xx' is not supported", "language"),
+            400,
+            {"message": "language 'xx' is not supported", "type": "BadRequestError", "param": "language", "code": 400},
+        ),
+        pytest.param(
+            error_reply(429, "slow down", type_="rate_limit_error"),
+            429,
+            {
+                "message": "upstream speech server is rate limiting: slow down",
+                "type": "rate_limit_error",
+                "param": None,
+                "code": 429,
+            },
+        ),
+    ],
+    ids=["503", "400", "429"],
+)
 async def test_rest_speech_upstream_error_gets_the_envelope(main, up, reply, status, expected):
     up.script(reply)
-    got, headers, data = await rest(main, "POST", "/v1/audio/speech",
-                                    {"input": "Fails upstream.", "stream": True, "response_format": "pcm"})
+    got, headers, data = await rest(
+        main, "POST", "/v1/audio/speech", {"input": "Fails upstream.", "stream": True, "response_format": "pcm"}
+    )
     assert (got, headers["Content-Type"]) == (status, "application/json"), data[:300]
     assert json.loads(data) == {"error": expected}
 
 
 # -- 7. connections are pooled and never leaked -----------------------------------------------------------
+
 
 async def test_sequential_segments_reuse_one_connection(main, up):
     texts = ["One. ", "Two. ", "Three. ", "Four. "]
@@ -616,17 +730,28 @@ async def test_zz_no_upstream_connection_outlives_its_use_or_the_server(main, up
 
 # -- 9. the system check ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("url", [None, "gpu-host:8000/v1"], ids=["unset", "no-scheme"])
 def test_check_and_serve_refuse_openai_without_an_upstream_url(tmp_path, url):
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", "SPEECH_ENGINE": "openai",
-           "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "MEDIA_ROOT": str(tmp_path / "media")}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "ttsproject.settings",
+        "SPEECH_ENGINE": "openai",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        "MEDIA_ROOT": str(tmp_path / "media"),
+    }
     env.pop("SPEECH_UPSTREAM_URL", None)
     env.update({"SPEECH_UPSTREAM_URL": url} if url else {})
-    done = subprocess.run([PYTHON, "manage.py", "check"], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([PYTHON, "manage.py", "check"], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "speech.E005" in done.stderr, done.stdout + done.stderr
     port = free_port()
-    served = subprocess.run([PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    served = subprocess.run(
+        [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert served.returncode != 0 and "speech.E005" in served.stderr, served.stdout + served.stderr
     assert "Traceback" not in served.stderr and not port_accepts("127.0.0.1", port)

@@ -32,13 +32,19 @@ def files_under(root):
 
 def make(name="alice", kind="wav", seconds=2.0, **kwargs):
     data = samples.good(kind, seconds)
-    fields = dict(name=name, consent="I agree to this use of my voice.", data=data,
-                  filename=samples.NAMES[kind], content_type=samples.CONTENT_TYPES[kind])
+    fields = dict(
+        name=name,
+        consent="I agree to this use of my voice.",
+        data=data,
+        filename=samples.NAMES[kind],
+        content_type=samples.CONTENT_TYPES[kind],
+    )
     fields.update(kwargs)
     return create_voice(**fields)
 
 
 # -- inspect_audio ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", samples.ALLOWED)
 def test_each_allowed_container_is_accepted_with_its_facts(kind):
@@ -81,17 +87,20 @@ def test_audio_below_minus_40_dbfs_throughout_counts_as_silence_and_just_above_d
     assert inspect_audio(samples.wav_bytes(2.0, amplitude=0.02)).peak == pytest.approx(0.02, abs=0.001)
 
 
-@pytest.mark.parametrize("data", [
-    pytest.param(samples.TEXT, id="text"),
-    pytest.param(samples.JSON, id="json"),
-    pytest.param(samples.PNG, id="png"),
-    pytest.param(samples.ZEROS, id="zeros"),
-    pytest.param(samples.random_bytes(), id="random"),
-    pytest.param(b"", id="empty"),
-    pytest.param(samples.raw_pcm_bytes(), id="raw-pcm"),
-    pytest.param(samples.video_only("mp4", "mpeg4"), id="mp4-video-only"),
-    pytest.param(samples.video_only("webm", "libvpx"), id="webm-video-only"),
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(samples.TEXT, id="text"),
+        pytest.param(samples.JSON, id="json"),
+        pytest.param(samples.PNG, id="png"),
+        pytest.param(samples.ZEROS, id="zeros"),
+        pytest.param(samples.random_bytes(), id="random"),
+        pytest.param(b"", id="empty"),
+        pytest.param(samples.raw_pcm_bytes(), id="raw-pcm"),
+        pytest.param(samples.video_only("mp4", "mpeg4"), id="mp4-video-only"),
+        pytest.param(samples.video_only("webm", "libvpx"), id="webm-video-only"),
+    ],
+)
 def test_non_audio_is_refused(data):
     with pytest.raises(VoiceError) as caught:
         inspect_audio(data)
@@ -99,10 +108,20 @@ def test_non_audio_is_refused(data):
     assert str(caught.value).startswith("audio_sample ")
 
 
-@pytest.mark.parametrize("kind,keep", [
-    ("wav", 30), ("wav", 44), ("mp3", 100), ("flac", 50), ("ogg", 60), ("webm", 100), ("m4a", 1000),
-    ("flac", 0.5), ("m4a", 0.5),
-])
+@pytest.mark.parametrize(
+    "kind,keep",
+    [
+        ("wav", 30),
+        ("wav", 44),
+        ("mp3", 100),
+        ("flac", 50),
+        ("ogg", 60),
+        ("webm", 100),
+        ("m4a", 1000),
+        ("flac", 0.5),
+        ("m4a", 0.5),
+    ],
+)
 def test_truncated_files_are_refused(kind, keep):
     data = samples.good(kind, 4.0)
     cut = data[: int(len(data) * keep) if isinstance(keep, float) else keep]
@@ -124,11 +143,14 @@ def test_audio_in_a_container_outside_the_allow_list_is_refused(kind):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("data", [
-    pytest.param(samples.sample("aiff"), id="aiff"),
-    pytest.param(samples.raw_pcm_bytes(), id="raw-pcm"),
-    pytest.param(samples.TEXT, id="text"),
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(samples.sample("aiff"), id="aiff"),
+        pytest.param(samples.raw_pcm_bytes(), id="raw-pcm"),
+        pytest.param(samples.TEXT, id="text"),
+    ],
+)
 def test_an_allowed_looking_name_and_type_on_disallowed_content_is_refused(media, data):
     with pytest.raises(VoiceError) as caught:
         create_voice(name="sneaky", consent="yes", data=data, filename="sneaky.wav", content_type="audio/wav")
@@ -139,10 +161,21 @@ def test_an_allowed_looking_name_and_type_on_disallowed_content_is_refused(media
 
 # -- check_claims -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind,filename", [
-    ("wav", "voice.mp3"), ("wav", "voice.flac"), ("mp3", "voice.wav"), ("flac", "voice.ogg"),
-    ("ogg", "voice.webm"), ("m4a", "voice.mp3"), ("webm", "voice.m4a"), ("wav", "voice.txt"), ("wav", "voice.wav.exe"),
-])
+
+@pytest.mark.parametrize(
+    "kind,filename",
+    [
+        ("wav", "voice.mp3"),
+        ("wav", "voice.flac"),
+        ("mp3", "voice.wav"),
+        ("flac", "voice.ogg"),
+        ("ogg", "voice.webm"),
+        ("m4a", "voice.mp3"),
+        ("webm", "voice.m4a"),
+        ("wav", "voice.txt"),
+        ("wav", "voice.wav.exe"),
+    ],
+)
 def test_a_file_name_that_names_another_type_is_refused(kind, filename):
     facts = inspect_audio(samples.good(kind))
     ext = filename.rsplit(".", 1)[-1]
@@ -150,10 +183,19 @@ def test_a_file_name_that_names_another_type_is_refused(kind, filename):
         check_claims(facts, filename, "")
 
 
-@pytest.mark.parametrize("kind,content_type", [
-    ("wav", "audio/mpeg"), ("mp3", "audio/wav"), ("flac", "audio/ogg"), ("ogg", "audio/flac"),
-    ("m4a", "audio/webm"), ("webm", "audio/mp4"), ("wav", "text/plain"), ("wav", "image/png"),
-])
+@pytest.mark.parametrize(
+    "kind,content_type",
+    [
+        ("wav", "audio/mpeg"),
+        ("mp3", "audio/wav"),
+        ("flac", "audio/ogg"),
+        ("ogg", "audio/flac"),
+        ("m4a", "audio/webm"),
+        ("webm", "audio/mp4"),
+        ("wav", "text/plain"),
+        ("wav", "image/png"),
+    ],
+)
 def test_a_content_type_that_names_another_type_is_refused(kind, content_type):
     facts = inspect_audio(samples.good(kind))
     with pytest.raises(VoiceError, match=rf"^audio_sample is {kind} audio but was sent as {re.escape(content_type)}$"):
@@ -166,20 +208,31 @@ def test_neutral_content_types_are_accepted(kind, content_type):
     check_claims(inspect_audio(samples.good(kind)), samples.NAMES[kind], content_type)
 
 
-@pytest.mark.parametrize("kind,filename,content_type", [
-    ("wav", "VOICE.WAV", "AUDIO/WAV"), ("wav", "take.wave", "audio/x-wav; codecs=1"), ("wav", "noextension", ""),
-    ("ogg", "a.opus", "audio/opus"), ("ogg", "a.oga", "application/ogg"), ("m4a", "a.mp4", "video/mp4"),
-    ("m4a", "a.aac", "audio/x-m4a"), ("webm", "a.weba", "video/webm"), ("mp3", "a.mp3", "audio/mp3"),
-    ("flac", "a.flac", "audio/x-flac"),
-])
+@pytest.mark.parametrize(
+    "kind,filename,content_type",
+    [
+        ("wav", "VOICE.WAV", "AUDIO/WAV"),
+        ("wav", "take.wave", "audio/x-wav; codecs=1"),
+        ("wav", "noextension", ""),
+        ("ogg", "a.opus", "audio/opus"),
+        ("ogg", "a.oga", "application/ogg"),
+        ("m4a", "a.mp4", "video/mp4"),
+        ("m4a", "a.aac", "audio/x-m4a"),
+        ("webm", "a.weba", "video/webm"),
+        ("mp3", "a.mp3", "audio/mp3"),
+        ("flac", "a.flac", "audio/x-flac"),
+    ],
+)
 def test_honest_names_and_types_are_accepted(kind, filename, content_type):
     check_claims(inspect_audio(samples.good(kind)), filename, content_type)
 
 
 # -- names --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["a/b", "../etc", "a\\b", ".", "..", "...", "-_.", "", "   ", "a" * 65, "a b",
-                                  "héllo", "a\x00b", "name;drop", None])
+
+@pytest.mark.parametrize(
+    "name", ["a/b", "../etc", "a\\b", ".", "..", "...", "-_.", "", "   ", "a" * 65, "a b", "héllo", "a\x00b", "name;drop", None]
+)
 def test_bad_names_are_refused(name):
     with pytest.raises(VoiceError, match=r"^name must be 1 to 64 letters, digits") as caught:
         check_name(name)
@@ -216,21 +269,30 @@ def test_names_are_unique_ignoring_case(media):
 @pytest.mark.django_db
 def test_the_database_itself_refuses_a_name_differing_only_in_case(media):
     voice = make("Carol")
-    clone = Voice(name="carol", consent="x", audio=voice.audio.name, container="wav", sample_rate=1, duration_s=1,
-                  sha256="0" * 64)
+    clone = Voice(
+        name="carol", consent="x", audio=voice.audio.name, container="wav", sample_rate=1, duration_s=1, sha256="0" * 64
+    )
     with pytest.raises(IntegrityError), transaction.atomic():
         clone.save()
 
 
 # -- create_voice ------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("kind", samples.ALLOWED)
 def test_create_voice_stores_the_file_under_a_random_name_with_the_right_facts(media, kind):
     data = samples.good(kind)
-    voice = create_voice(name="Dave", consent="  signed consent  ", data=data, filename=f"../../Dave secret.{kind}",
-                         content_type=samples.CONTENT_TYPES[kind], transcript=" Hello there. ", language="en",
-                         created_by="tester")
+    voice = create_voice(
+        name="Dave",
+        consent="  signed consent  ",
+        data=data,
+        filename=f"../../Dave secret.{kind}",
+        content_type=samples.CONTENT_TYPES[kind],
+        transcript=" Hello there. ",
+        language="en",
+        created_by="tester",
+    )
     voice.refresh_from_db()
     assert STORED_NAME.match(voice.audio.name), voice.audio.name
     assert voice.audio.name.endswith(f".{kind}")
@@ -242,7 +304,13 @@ def test_create_voice_stores_the_file_under_a_random_name_with_the_right_facts(m
     assert voice.sample_rate == samples.RATES[kind]
     assert voice.duration_s == pytest.approx(2.0, abs=0.05)
     assert (voice.name, voice.consent, voice.transcript, voice.language, voice.created_by, voice.is_active) == (
-        "Dave", "signed consent", "Hello there.", "en", "tester", True)
+        "Dave",
+        "signed consent",
+        "Hello there.",
+        "en",
+        "tester",
+        True,
+    )
 
 
 @pytest.mark.django_db
@@ -302,6 +370,7 @@ def test_a_row_that_cannot_be_saved_takes_its_file_with_it(media, monkeypatch, f
 
 # -- delete_voice ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 def test_delete_voice_removes_row_and_file(media):
     keep = make("keep", kind="flac")
@@ -323,6 +392,7 @@ def test_delete_voice_in_a_transaction_that_rolls_back_keeps_the_file(media):
 
 
 # -- find_voice ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("asked", ["Grace", "grace", "GRACE", "  gRaCe "])
@@ -347,6 +417,7 @@ def test_find_voice_ignores_inactive_voices_and_unknown_names(media):
 
 
 # -- storage API only ------------------------------------------------------------------------------------
+
 
 @pytest.mark.django_db(transaction=True)
 def test_everything_goes_through_the_storage_api(settings, media):

@@ -74,8 +74,12 @@ REDIS_URL = env.str("REDIS_URL", default="")
 # SPEECH_REDIS_PREFIX prefixes every Redis key and channel this deployment uses (the channel layer's,
 # per-key slots, instance heartbeats): two deployments sharing one Redis never see each other's signals or slots.
 if REDIS_URL:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "speech.control.layer.SpeechChannelLayer",
-                                  "CONFIG": {"hosts": [REDIS_URL], "prefix": SPEECH_REDIS_PREFIX}}}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "speech.control.layer.SpeechChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": SPEECH_REDIS_PREFIX},
+        }
+    }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
@@ -116,12 +120,19 @@ LOGGING = {
     "filters": {"session": {"()": "speech.logcontext.SessionFilter"}},
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(session)s]: %(message)s"},
-        "json": {"()": "speech.logcontext.JsonFormatter",
-                 "fmt": "%(asctime)s %(levelname)s %(name)s %(session_id)s %(message)s",
-                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"}},
+        "json": {
+            "()": "speech.logcontext.JsonFormatter",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(session_id)s %(message)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["session"],
-                             "formatter": "json" if LOG_FORMAT == "json" else "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["session"],
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("DJANGO_LOG_LEVEL", default="INFO")},
     # httpx logs every upstream request at INFO: one line per synthesised segment is noise
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},

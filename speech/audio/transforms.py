@@ -72,8 +72,7 @@ class TimeStretch:
     def process(self, samples):
         if samples.size == 0:
             return _empty()
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, np.float32)[None, :], format="flt",
-                                           layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, np.float32)[None, :], format="flt", layout="mono")
         frame.sample_rate = self.rate
         frame.time_base = self._time_base
         frame.pts = self._pts

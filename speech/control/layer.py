@@ -48,9 +48,12 @@ class SpeechChannelLayer(RedisChannelLayer):
     socket_timeout_s = 3.0
 
     def __init__(self, hosts=None, **kwargs):
-        hosts = [{"address": host, "socket_connect_timeout": CONNECT_TIMEOUT_S,
-                  "socket_timeout": self.socket_timeout_s} if isinstance(host, str) else host
-                 for host in hosts or ["redis://localhost:6379"]]
+        hosts = [
+            {"address": host, "socket_connect_timeout": CONNECT_TIMEOUT_S, "socket_timeout": self.socket_timeout_s}
+            if isinstance(host, str)
+            else host
+            for host in hosts or ["redis://localhost:6379"]
+        ]
         super().__init__(hosts=hosts, **kwargs)
         self.memberships: dict[str, set[str]] = {}  # group -> this process's channels in it
         self._up = None  # asyncio.Event, set while Redis answers (created on the serving loop)
@@ -141,8 +144,7 @@ class SpeechChannelLayer(RedisChannelLayer):
                     await self._rejoin()  # Redis is new, empty, or was away: our groups may be gone
                 if self.down:
                     self.down = False
-                    logger.warning("channel layer: Redis is reachable again; %d session group(s) joined",
-                                   len(self.memberships))
+                    logger.warning("channel layer: Redis is reachable again; %d session group(s) joined", len(self.memberships))
                 self._up.set()
                 backoff = BACKOFF_MIN_S
             except REDIS_ERRORS as exc:

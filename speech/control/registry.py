@@ -18,20 +18,24 @@ def instance_id():
 
 
 def opened(session_id, *, voice, engine, api_key=None):
-    SessionRecord.objects.create(session_id=session_id, instance=instance_id(), api_key=api_key, voice=voice,
-                                 engine=engine)
+    SessionRecord.objects.create(session_id=session_id, instance=instance_id(), api_key=api_key, voice=voice, engine=engine)
 
 
 def closed(session_id, *, status, segments, bytes_sent, first_audio_s):
     SessionRecord.objects.filter(session_id=session_id).update(
-        status=status, ended_at=timezone.now(), segments=segments, bytes_sent=bytes_sent,
-        first_audio_ms=None if first_audio_s is None else round(first_audio_s * 1000, 2))
+        status=status,
+        ended_at=timezone.now(),
+        segments=segments,
+        bytes_sent=bytes_sent,
+        first_audio_ms=None if first_audio_s is None else round(first_audio_s * 1000, 2),
+    )
 
 
 def lost(record):
     """A session whose instance is gone (crashed, killed) without recording its end."""
     SessionRecord.objects.filter(pk=record.pk, status=SessionRecord.Status.ACTIVE).update(
-        status=SessionRecord.Status.FAILED, ended_at=timezone.now())
+        status=SessionRecord.Status.FAILED, ended_at=timezone.now()
+    )
 
 
 def live_session(session_id, api_key=None):
@@ -48,5 +52,6 @@ def recorded(session_id):
 
 
 def sessions_using_voice(name):
-    return list(SessionRecord.objects.filter(voice__iexact=name, status=SessionRecord.Status.ACTIVE)
-                .values_list("session_id", flat=True))
+    return list(
+        SessionRecord.objects.filter(voice__iexact=name, status=SessionRecord.Status.ACTIVE).values_list("session_id", flat=True)
+    )

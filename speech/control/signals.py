@@ -95,8 +95,10 @@ async def instance_alive(instance):
     except REDIS_ERRORS as exc:
         raise _unavailable(exc) from None
     if beat is None:
-        raise SignalsUnavailable("signals are unavailable: the instance holding the session has not been "
-                                 "heard from since Redis lost its state; try again shortly")
+        raise SignalsUnavailable(
+            "signals are unavailable: the instance holding the session has not been "
+            "heard from since Redis lost its state; try again shortly"
+        )
     return time.time() - float(beat) < STALE_S
 
 
@@ -104,6 +106,8 @@ instance_alive_sync = async_to_sync(instance_alive)
 
 
 has_members_sync = async_to_sync(has_members)
+
+
 async def stop():
     """Server shutdown: stop this process's heartbeat."""
     redis_layer = _redis_layer(get_channel_layer())

@@ -57,8 +57,7 @@ class RedisSlots:
 
     async def acquire(self, key, session_id, limit):
         now = time.time()
-        taken = await self._acquire(keys=[self._name(key)],
-                                    args=[now, limit, now + LEASE_S, session_id, int(LEASE_S * 2000)])
+        taken = await self._acquire(keys=[self._name(key)], args=[now, limit, now + LEASE_S, session_id, int(LEASE_S * 2000)])
         return bool(taken)
 
     async def renew(self, key, session_id):

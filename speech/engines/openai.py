@@ -33,28 +33,45 @@ from .text import for_engine
 logger = logging.getLogger(__name__)
 
 # Raw 16-bit PCM content types -> sample byte order (RFC 2586: audio/L16 is big-endian)
-PCM_TYPES = {"audio/pcm": "<i2", "audio/raw": "<i2", "audio/x-raw": "<i2", "application/octet-stream": "<i2",
-             "audio/l16": ">i2"}
+PCM_TYPES = {"audio/pcm": "<i2", "audio/raw": "<i2", "audio/x-raw": "<i2", "application/octet-stream": "<i2", "audio/l16": ">i2"}
 RETRY_STATUSES = (502, 503, 504)
 # The upstream could not have started: refused, or the connection dropped before a response.
 RETRY_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error response read for its message
-REFERENCE_MIME = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg",
-                  "m4a": "audio/mp4", "webm": "audio/webm"}
+REFERENCE_MIME = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "ogg": "audio/ogg",
+    "m4a": "audio/mp4",
+    "webm": "audio/webm",
+}
 DEFAULT = "default"  # the voice name that leaves the choice to the upstream
 JSON = {"content-type": "application/json"}
 
 
 class OpenAIEngine(Engine):
-    def __init__(self, *, url, api_key="", model="", voices=(), sample_rate=24000, connect_timeout_s=5.0,
-                 read_timeout_s=30.0, retries=2, max_connections=100, rediscover_s=30.0, transport=None):
+    def __init__(
+        self,
+        *,
+        url,
+        api_key="",
+        model="",
+        voices=(),
+        sample_rate=24000,
+        connect_timeout_s=5.0,
+        read_timeout_s=30.0,
+        retries=2,
+        max_connections=100,
+        rediscover_s=30.0,
+        transport=None,
+    ):
         self.url = url.rstrip("/")
         self.endpoint = f"{self.url}/audio/speech"
         self.model = model
         self.retries = retries
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s,
-                                     pool=connect_timeout_s)
+        self.timeout = httpx.Timeout(connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s)
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         # None: httpx's own connection pool. Tests pass an httpx.MockTransport to check status mapping and
         # request bodies without a socket (the socket faults keep a real loopback server).
@@ -69,25 +86,39 @@ class OpenAIEngine(Engine):
 
     @classmethod
     def from_settings(cls, conf):
-        return cls(url=conf.UPSTREAM_URL, api_key=conf.UPSTREAM_API_KEY, model=conf.UPSTREAM_MODEL,
-                   voices=conf.UPSTREAM_VOICES, sample_rate=conf.UPSTREAM_SAMPLE_RATE,
-                   connect_timeout_s=conf.UPSTREAM_CONNECT_TIMEOUT_S, read_timeout_s=conf.UPSTREAM_READ_TIMEOUT_S,
-                   retries=conf.UPSTREAM_RETRIES, max_connections=conf.UPSTREAM_MAX_CONNECTIONS)
+        return cls(
+            url=conf.UPSTREAM_URL,
+            api_key=conf.UPSTREAM_API_KEY,
+            model=conf.UPSTREAM_MODEL,
+            voices=conf.UPSTREAM_VOICES,
+            sample_rate=conf.UPSTREAM_SAMPLE_RATE,
+            connect_timeout_s=conf.UPSTREAM_CONNECT_TIMEOUT_S,
+            read_timeout_s=conf.UPSTREAM_READ_TIMEOUT_S,
+            retries=conf.UPSTREAM_RETRIES,
+            max_connections=conf.UPSTREAM_MAX_CONNECTIONS,
+        )
 
     @staticmethod
     def _capabilities(voices, sample_rate):
         # Speed stays with our own time-stretch (speed_range 1..1): pitch-preserving and the same on
         # every upstream, and vLLM-omni refuses speed with streamed audio.
-        return Capabilities(name="openai", voices=voices, default_voice=voices[0] if voices else DEFAULT,
-                            sample_rate=sample_rate, reference_audio=True, instructions=True,
-                            any_voice=not voices)
+        return Capabilities(
+            name="openai",
+            voices=voices,
+            default_voice=voices[0] if voices else DEFAULT,
+            sample_rate=sample_rate,
+            reference_audio=True,
+            instructions=True,
+            any_voice=not voices,
+        )
 
     def client(self):
         """The pooled client of the running loop (daphne's; warm-up runs in a loop of its own)."""
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(timeout=self.timeout, limits=self.limits, headers=self.headers,
-                                             transport=self.transport)
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout, limits=self.limits, headers=self.headers, transport=self.transport
+            )
             self._client_loop = loop
         return self._client
 
@@ -110,8 +141,12 @@ class OpenAIEngine(Engine):
             voices = _voice_names(response.json())
         except (httpx.HTTPError, ValueError) as exc:
             self._next_discovery = time.monotonic() + self.rediscover_s
-            logger.warning("upstream voices unknown for now (%s): any voice name is passed on to %s; asking "
-                           "again within %g s of use", exc, self.url, self.rediscover_s)
+            logger.warning(
+                "upstream voices unknown for now (%s): any voice name is passed on to %s; asking again within %g s of use",
+                exc,
+                self.url,
+                self.rediscover_s,
+            )
             return
         self._voices_pending = False
         if voices:
@@ -143,8 +178,12 @@ class OpenAIEngine(Engine):
 
     async def body(self, request: SynthesisRequest):
         options = dict(request.options)
-        body = {"model": options.pop("model", None) or self.model or None, "input": for_engine(request.text),
-                "response_format": "pcm", "stream_format": "audio"}
+        body = {
+            "model": options.pop("model", None) or self.model or None,
+            "input": for_engine(request.text),
+            "response_format": "pcm",
+            "stream_format": "audio",
+        }
         if request.voice != DEFAULT and request.reference is None:
             body["voice"] = request.voice
         if request.reference is not None:
@@ -159,8 +198,9 @@ class OpenAIEngine(Engine):
         self._maybe_rediscover()
         body = await self.body(request)
         # Reference audio makes the body megabytes of base64: serialise it off the loop.
-        content = json.dumps(body).encode() if "ref_audio" not in body else \
-            await asyncio.to_thread(lambda: json.dumps(body).encode())
+        content = (
+            json.dumps(body).encode() if "ref_audio" not in body else await asyncio.to_thread(lambda: json.dumps(body).encode())
+        )
         client = self.client()
         for attempt in range(self.retries + 1):
             last = attempt == self.retries
@@ -202,16 +242,18 @@ class OpenAIEngine(Engine):
         rate = response.headers.get("x-sample-rate") or header.get_param("rate")
         expected = self.capabilities.sample_rate
         if rate is not None and str(rate).strip() != str(expected):
-            raise EngineError(f"upstream speech server sent {str(rate).strip()} Hz audio; "
-                              f"SPEECH_UPSTREAM_SAMPLE_RATE is {expected}")
+            raise EngineError(
+                f"upstream speech server sent {str(rate).strip()} Hz audio; SPEECH_UPSTREAM_SAMPLE_RATE is {expected}"
+            )
         return PCM_TYPES[kind]
 
     def _transport_error(self, exc):
         if isinstance(exc, _StreamBroke):
             return EngineError(f"upstream speech stream broke off after {exc.received} bytes: {exc.cause}")
         if isinstance(exc, httpx.ConnectTimeout):
-            return EngineError(f"upstream speech server at {self.url} did not accept a connection within "
-                               f"{self.timeout.connect:g} s")
+            return EngineError(
+                f"upstream speech server at {self.url} did not accept a connection within {self.timeout.connect:g} s"
+            )
         if isinstance(exc, httpx.PoolTimeout):
             return EngineError(f"no free connection to the upstream speech server within {self.timeout.pool:g} s")
         if isinstance(exc, httpx.TimeoutException):
@@ -267,11 +309,9 @@ async def _status_error(response):
     if status == 503:
         return EngineBusy()
     if status in (401, 403):
-        return EngineError(f"upstream speech server refused our credentials (HTTP {status}); "
-                           "check SPEECH_UPSTREAM_API_KEY")
+        return EngineError(f"upstream speech server refused our credentials (HTTP {status}); check SPEECH_UPSTREAM_API_KEY")
     if status == 404:
-        return EngineError(f"upstream speech server has no {response.request.url} (HTTP 404); "
-                           "check SPEECH_UPSTREAM_URL")
+        return EngineError(f"upstream speech server has no {response.request.url} (HTTP 404); check SPEECH_UPSTREAM_URL")
     if 400 <= status < 500:
         return EngineError(message, error_type=BAD_REQUEST, param=param, code=400)
     return EngineError(f"upstream speech server failed (HTTP {status}): {message}")
@@ -299,8 +339,10 @@ def _error_message(body):
 def _validation_message(details):
     """FastAPI's 422 `detail` list (vLLM-omni, sglang-omni): "field: problem; …" and the first field."""
     fields = [".".join(str(part) for part in item.get("loc", ())[1:]) for item in details]
-    message = "; ".join(f"{field}: {item.get('msg', 'invalid')}" if field else str(item.get("msg", "invalid"))
-                        for field, item in zip(fields, details))
+    message = "; ".join(
+        f"{field}: {item.get('msg', 'invalid')}" if field else str(item.get("msg", "invalid"))
+        for field, item in zip(fields, details)
+    )
     return message[:1000], fields[0] or None
 
 
@@ -323,13 +365,12 @@ def _voice_names(payload):
 
 
 async def _backoff(attempt):
-    await asyncio.sleep(0.05 * 2 ** attempt)
+    await asyncio.sleep(0.05 * 2**attempt)
 
 
 @functools.lru_cache(maxsize=4)
 def _encode(container, audio):
-    return f"data:{REFERENCE_MIME.get(container, 'application/octet-stream')};base64," + \
-        base64.b64encode(audio).decode("ascii")
+    return f"data:{REFERENCE_MIME.get(container, 'application/octet-stream')};base64," + base64.b64encode(audio).decode("ascii")
 
 
 async def _data_url(container, audio):

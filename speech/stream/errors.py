@@ -24,8 +24,15 @@ QUEUE_FULL_MESSAGE = "The request queue is full."
 class SpeechError(Exception):
     """One `error` event. `close_code` set means fatal: the session closes with it after the event."""
 
-    def __init__(self, message: str, *, error_type: str = BAD_REQUEST, param: str | None = None,
-                 code: int | None = 400, close_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str = BAD_REQUEST,
+        param: str | None = None,
+        code: int | None = 400,
+        close_code: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.error_type = error_type
@@ -41,8 +48,7 @@ class SpeechError(Exception):
         """The `error` event (messages.ErrorEvent) as sent; `extra`: the segment's id, sentence_index, partial_audio."""
         from .messages import ErrorEvent  # here: messages.py builds its value rules on this module's errors
 
-        body = ErrorEvent(message=self.message, error_type=self.error_type, param=self.param, code=self.code,
-                          **extra).dump()
+        body = ErrorEvent(message=self.message, error_type=self.error_type, param=self.param, code=self.code, **extra).dump()
         metrics.ERRORS.labels(self.error_type, "" if self.code is None else str(self.code)).inc()  # built to be sent
         return body
 

@@ -55,8 +55,19 @@ OPTION_RANGES = (
     ("max_new_tokens", lambda v: 1 <= v <= INT32_MAX, f"max_new_tokens must be between 1 and {INT32_MAX}"),
     ("seed", lambda v: 0 <= v <= UINT64_MAX, f"seed must be between 0 and {UINT64_MAX}"),
 )
-FORWARDED = ("model", "language", "instructions", "ref_audio", "ref_text", "temperature", "top_p", "top_k",
-             "repetition_penalty", "max_new_tokens", "seed")
+FORWARDED = (
+    "model",
+    "language",
+    "instructions",
+    "ref_audio",
+    "ref_text",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "max_new_tokens",
+    "seed",
+)
 
 # pydantic's type errors -> the contract's words. A number is StrictInt | StrictFloat, whose error
 # names the union's member in its location: any error at such a location means "a number".
@@ -67,6 +78,7 @@ Number = StrictInt | StrictFloat
 @dataclass(frozen=True)
 class Limits:
     """The session's limits, as session.configured reports them."""
+
     config_timeout_s: float
     idle_timeout_s: float
     max_config_bytes: int
@@ -78,6 +90,7 @@ class Limits:
 @dataclass(frozen=True)
 class SessionConfig:
     """A session's configuration once read and resolved against the engine (not a wire message)."""
+
     voice: str
     response_format: str = "pcm"
     sample_rate: int = 24000
@@ -92,13 +105,17 @@ class UnknownVoice(SpeechError):
     """Not a voice of the engine: the caller may look for an uploaded voice of that name."""
 
     def __init__(self, requested: str, capabilities: Capabilities) -> None:
-        super().__init__(f"Unknown voice '{requested}'. Supported voices: {', '.join(capabilities.voices)}",
-                         param="voice", close_code=CLOSE_POLICY)
+        super().__init__(
+            f"Unknown voice '{requested}'. Supported voices: {', '.join(capabilities.voices)}",
+            param="voice",
+            close_code=CLOSE_POLICY,
+        )
         self.requested = requested
 
 
 class Message(BaseModel):
     """A client message: strict (no coercion), unknown keys ignored."""
+
     model_config = ConfigDict(strict=True, extra="ignore")
 
     # Messages for errors on a field that are not "<field> must be <type>".
@@ -121,8 +138,10 @@ class Message(BaseModel):
 
 # -- client messages --------------------------------------------------------------------------------
 
+
 class SessionFields(Message):
     """The fields of session.config, in the order of the fields table (the order of the type checks)."""
+
     model: StrictStr | None = None
     voice: StrictStr | None = None
     speaker: StrictStr | None = None  # another name for voice
@@ -159,8 +178,9 @@ class SessionFields(Message):
         """The value rules in the contract's order; the engine's capabilities come in the context,
         with `reference` (an uploaded voice found for the name) and `voice_checked` (they were searched)."""
         caps, reference = context["capabilities"], context.get("reference")
-        voice = _resolve_voice(self.voice if self.voice is not None else self.speaker, caps, reference,
-                               context.get("voice_checked", False))
+        voice = _resolve_voice(
+            self.voice if self.voice is not None else self.speaker, caps, reference, context.get("voice_checked", False)
+        )
 
         fmt = ("pcm" if self.response_format is None else self.response_format).strip().lower()
         if fmt not in FORMATS:
@@ -194,14 +214,18 @@ class SessionFields(Message):
                 raise fatal(message, key)
 
         self._config = SessionConfig(
-            voice=voice, response_format=fmt, sample_rate=output_rate(fmt, rate), speed=float(speed),
-            stream_audio=stream_audio, split_granularity=granularity,
+            voice=voice,
+            response_format=fmt,
+            sample_rate=output_rate(fmt, rate),
+            speed=float(speed),
+            stream_audio=stream_audio,
+            split_granularity=granularity,
             options={key: getattr(self, key) for key in FORWARDED if getattr(self, key) is not None},
-            reference=reference)
+            reference=reference,
+        )
 
 
-def _resolve_voice(requested: str | None, caps: Capabilities, reference: ReferenceVoice | None,
-                   voice_checked: bool) -> str:
+def _resolve_voice(requested: str | None, caps: Capabilities, reference: ReferenceVoice | None, voice_checked: bool) -> str:
     if requested is None or requested.strip().lower() == "default":
         return caps.default_voice
     for name in caps.voices:
@@ -218,12 +242,12 @@ def _resolve_voice(requested: str | None, caps: Capabilities, reference: Referen
 
 class SessionConfigMessage(SessionFields):
     """The first message: the fields nested under `session`, or flat beside `type` (`session` absent or null)."""
+
     type: Literal["session.config"]
     session: SessionFields | None = None
 
 
-def read_fields(payload: dict[str, Any], model: type[SessionFields] = SessionFields,
-                **context: Any) -> SessionFields:
+def read_fields(payload: dict[str, Any], model: type[SessionFields] = SessionFields, **context: Any) -> SessionFields:
     """session.config's fields (nested or flat) read as `model`, value rules included; fatal SpeechError
     otherwise. A request model's own fields (`model.own_fields`) are read from the payload's top level."""
     raw = payload.get("session")
@@ -239,6 +263,7 @@ def read_fields(payload: dict[str, Any], model: type[SessionFields] = SessionFie
 
 class InputText(Message):
     """Text to speak; the segmenter cuts it into segments."""
+
     type: Literal["input.text"]
     text: StrictStr
 
@@ -247,21 +272,25 @@ class InputText(Message):
 
 class InputCommit(Message):
     """Speak what is buffered now, even without a sentence end."""
+
     type: Literal["input.commit"]
 
 
 class InputCancel(Message):
     """Barge-in: stop the current segment, drop the queued ones and the buffered text."""
+
     type: Literal["input.cancel"]
 
 
 class SessionKeepalive(Message):
     """Resets the idle timer (as every frame does)."""
+
     type: Literal["session.keepalive"]
 
 
 class InputDone(Message):
     """No more text: the buffered text is spoken, then session.done and close 1000."""
+
     type: Literal["input.done"]
 
 
@@ -270,16 +299,21 @@ CLIENT_MESSAGES = (SessionConfigMessage, InputText, InputCommit, InputCancel, Se
 
 # -- the REST request body ----------------------------------------------------------------------------
 
+
 class SpeechOptions(Message):
     """`POST /v1/audio/speech`'s own fields, read (and checked) before the session.config fields."""
+
     input: StrictStr
     stream: StrictBool = False
     # OpenAI's stream_format: "audio" is raw audio as it is made (what upstream engines ask for); no SSE
     stream_format: Literal["audio"] | None = None
 
     own_fields: ClassVar[tuple[str, ...]] = ("input", "stream", "stream_format")
-    field_messages = {"input": "input must be a non-empty string", "stream": "stream must be a boolean",
-                      "stream_format": "stream_format must be one of: audio"}
+    field_messages = {
+        "input": "input must be a non-empty string",
+        "stream": "stream must be a boolean",
+        "stream_format": "stream_format must be one of: audio",
+    }
 
     @field_validator("input")
     @classmethod
@@ -306,8 +340,10 @@ class SpeechRequest(SessionFields, SpeechOptions):
 
 # -- server events --------------------------------------------------------------------------------------
 
+
 class Event(BaseModel):
     """A server event; `dump()` is the JSON object sent, with fields in this order."""
+
     model_config = ConfigDict(extra="forbid")
 
     def dump(self) -> dict:
@@ -327,9 +363,16 @@ class SessionConfigured(Event):
 
     @classmethod
     def of(cls, session_id: str, config: SessionConfig, capabilities: Capabilities, limits: Limits) -> Self:
-        return cls(session_id=session_id, response_format=config.response_format, stream_audio=config.stream_audio,
-                   split_granularity=config.split_granularity, sample_rate=config.sample_rate, voice=config.voice,
-                   engine=capabilities.name, limits=limits)
+        return cls(
+            session_id=session_id,
+            response_format=config.response_format,
+            stream_audio=config.stream_audio,
+            split_granularity=config.split_granularity,
+            sample_rate=config.sample_rate,
+            voice=config.voice,
+            engine=capabilities.name,
+            limits=limits,
+        )
 
 
 class InputCommitted(Event):
@@ -375,6 +418,7 @@ class AudioDone(Event):
 class ErrorEvent(Event):
     """`param` and `code` only when set; `id` and `sentence_index` only for a segment's error,
     `partial_audio` only when some of that segment's audio was sent."""
+
     type: Literal["error"] = "error"
     message: str
     error_type: str
@@ -393,6 +437,7 @@ SERVER_EVENTS = (SessionConfigured, InputCommitted, InputCancelled, SessionDone,
 
 # -- REST errors ------------------------------------------------------------------------------------------
 
+
 class RestErrorDetail(Event):
     message: str
     type: str
@@ -402,6 +447,7 @@ class RestErrorDetail(Event):
 
 class RestError(Event):
     """The REST endpoints' error envelope (OpenAI's): `{"error": {message, type, param, code}}`."""
+
     error: RestErrorDetail
 
     @classmethod

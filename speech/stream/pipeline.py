@@ -65,8 +65,9 @@ class Job:
         return self.index is not None
 
 
-async def render_segment(engine: Engine, config: SessionConfig, text: str,
-                         ticket: Ticket = CURRENT) -> AsyncGenerator[np.ndarray, None]:
+async def render_segment(
+    engine: Engine, config: SessionConfig, text: str, ticket: Ticket = CURRENT
+) -> AsyncGenerator[np.ndarray, None]:
     """One segment's audio as the client wants it: the engine's chunks through the segment's
     `transforms.Chain` (speed, rate; off the event loop). Closing the generator, or cancelling the
     task that reads it, aborts the engine's work."""
@@ -81,8 +82,17 @@ async def render_segment(engine: Engine, config: SessionConfig, text: str,
 
 
 class Pipeline:
-    def __init__(self, *, engine: Engine, config: SessionConfig, transport: Transport, session_id: str,
-                 max_segment_chars: int, on_idle: Callable[[], None], on_crash: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        config: SessionConfig,
+        transport: Transport,
+        session_id: str,
+        max_segment_chars: int,
+        on_idle: Callable[[], None],
+        on_crash: Callable[[], None],
+    ) -> None:
         self.engine = engine
         self.config = config
         self.transport = transport  # its send_bytes waits while the client is not reading (backpressure)
@@ -184,9 +194,15 @@ class Pipeline:
 
     async def _start(self, job: Job) -> None:
         self._announce(job)
-        await self.transport.send_json(AudioStart(
-            id=self._id(job), sentence_index=job.index,  # type: ignore[arg-type]  # _announce() set it
-            sentence_text=job.text, format=self.config.response_format, sample_rate=self.rate).dump())
+        await self.transport.send_json(
+            AudioStart(
+                id=self._id(job),
+                sentence_index=job.index,  # type: ignore[arg-type]  # _announce() set it
+                sentence_text=job.text,
+                format=self.config.response_format,
+                sample_rate=self.rate,
+            ).dump()
+        )
 
     async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
         await self.transport.send_bytes(data)
@@ -233,8 +249,9 @@ class Pipeline:
             partial = job.announced
             if not job.announced:
                 self._announce(job)
-            await self.transport.send_json(failure.event(id=self._id(job), sentence_index=job.index,
-                                                         partial_audio=True if partial else None))
+            await self.transport.send_json(
+                failure.event(id=self._id(job), sentence_index=job.index, partial_audio=True if partial else None)
+            )
         await self._done(job, error=failure is not None, cancelled=False)
 
     async def _stream(self, job: Job, width: int, data: bytes) -> None:
@@ -247,14 +264,20 @@ class Pipeline:
             await self._send_audio(job, data[:at], at / width / self.rate)
         step = max(1, int(self.rate * FRAME_S)) * width
         for offset in range(at, len(data), step):
-            frame = data[offset: offset + step]
+            frame = data[offset : offset + step]
             await self._send_audio(job, frame, len(frame) / width / self.rate)
 
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
-        await self.transport.send_json(AudioDone(
-            id=self._id(job), sentence_index=job.index,  # type: ignore[arg-type]  # only announced jobs end
-            total_bytes=job.bytes_sent, error=error, cancelled=cancelled).dump())
+        await self.transport.send_json(
+            AudioDone(
+                id=self._id(job),
+                sentence_index=job.index,  # type: ignore[arg-type]  # only announced jobs end
+                total_bytes=job.bytes_sent,
+                error=error,
+                cancelled=cancelled,
+            ).dump()
+        )
 
     async def _stop(self) -> list[Job]:
         """Stop delivery and every producer (engine work included) and forget all segments."""

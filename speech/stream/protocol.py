@@ -65,9 +65,13 @@ def size_error(kind: str, limit: int, *, handshake: bool = False) -> SpeechError
     return SpeechError(f"{kind} WebSocket message exceeds {limit} bytes", close_code=CLOSE_TOO_BIG if handshake else None)
 
 
-async def resolve_fields(payload: dict[str, Any], capabilities: Capabilities, find_voice: FindVoice | None = None,
-                         model: type[messages.SessionFields] = messages.SessionFields,
-                         **context: Any) -> messages.SessionFields:
+async def resolve_fields(
+    payload: dict[str, Any],
+    capabilities: Capabilities,
+    find_voice: FindVoice | None = None,
+    model: type[messages.SessionFields] = messages.SessionFields,
+    **context: Any,
+) -> messages.SessionFields:
     """`payload` read as `model` (messages.read_fields), looking a voice the engine does not list up
     among the uploaded voices (`find_voice`: async name -> ReferenceVoice | None). An engine with an
     open voice set (`any_voice`) gets a name that is not an uploaded voice passed on as it is."""
@@ -77,21 +81,21 @@ async def resolve_fields(payload: dict[str, Any], capabilities: Capabilities, fi
         reference = await find_voice(unknown.requested) if find_voice else None
         if reference is None and not capabilities.any_voice:
             raise
-        return messages.read_fields(payload, model, capabilities=capabilities, reference=reference,
-                                    voice_checked=True, **context)
+        return messages.read_fields(payload, model, capabilities=capabilities, reference=reference, voice_checked=True, **context)
 
 
-async def resolve_config(payload: dict[str, Any], capabilities: Capabilities,
-                         find_voice: FindVoice | None = None) -> messages.SessionConfig:
+async def resolve_config(
+    payload: dict[str, Any], capabilities: Capabilities, find_voice: FindVoice | None = None
+) -> messages.SessionConfig:
     """session.config -> SessionConfig for this engine, uploaded voices included (resolve_fields)."""
     return (await resolve_fields(payload, capabilities, find_voice)).config
 
 
-def parse_config(payload: dict[str, Any], capabilities: Capabilities, reference: ReferenceVoice | None = None, *,
-                 voice_checked: bool = False) -> messages.SessionConfig:
+def parse_config(
+    payload: dict[str, Any], capabilities: Capabilities, reference: ReferenceVoice | None = None, *, voice_checked: bool = False
+) -> messages.SessionConfig:
     """session.config (nested or flat) -> SessionConfig for this engine; fatal SpeechError otherwise.
 
     `reference` is the uploaded voice found for a name that is not one of the engine's own;
     `voice_checked` says the uploaded voices were searched for it."""
-    return messages.read_fields(payload, capabilities=capabilities, reference=reference,
-                                voice_checked=voice_checked).config
+    return messages.read_fields(payload, capabilities=capabilities, reference=reference, voice_checked=voice_checked).config

@@ -75,10 +75,17 @@ def new_session_id() -> str:
 
 
 class SpeechSession:
-    def __init__(self, transport: Transport, engine: Engine, limits: Limits, *, session_id: str | None = None,
-                 find_voice: FindVoice | None = None,
-                 on_configured: Callable[[SpeechSession], Awaitable[None]] | None = None,
-                 parse_large: Callable[[str], Awaitable[dict[str, Any]]] = parse_in_thread) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        engine: Engine,
+        limits: Limits,
+        *,
+        session_id: str | None = None,
+        find_voice: FindVoice | None = None,
+        on_configured: Callable[[SpeechSession], Awaitable[None]] | None = None,
+        parse_large: Callable[[str], Awaitable[dict[str, Any]]] = parse_in_thread,
+    ) -> None:
         self.transport = transport
         self.engine = engine
         self.limits = limits
@@ -146,8 +153,9 @@ class SpeechSession:
             if len(data) > limit:
                 error = size_error("session" if handshake else "text", limit, handshake=handshake)
             else:
-                error = SpeechError("speech WebSocket client messages must be text frames",
-                                    close_code=CLOSE_POLICY if handshake else None)
+                error = SpeechError(
+                    "speech WebSocket client messages must be text frames", close_code=CLOSE_POLICY if handshake else None
+                )
             await self._report(error)
             self._arm_idle()
 
@@ -203,7 +211,8 @@ class SpeechSession:
         if self.on_configured is not None:
             await self.on_configured(self)
         await self.transport.send_json(
-            SessionConfigured.of(self.session_id, self.config, self.engine.capabilities, self.limits).dump())
+            SessionConfigured.of(self.session_id, self.config, self.engine.capabilities, self.limits).dump()
+        )
 
     async def _handle(self, raw: str) -> None:
         if utf8_length_exceeds(raw, self.limits.max_message_bytes):
@@ -240,9 +249,14 @@ class SpeechSession:
     async def _on_commit(self, payload: dict[str, Any]) -> None:
         segments = self.segmenter.flush()
         self._enqueue(segments)
-        await self.transport.send_json(InputCommitted(
-            session_id=self.session_id, segment_index=self._commits, segment_sentences=len(segments),
-            total_sentences=self.pipeline.total_sentences).dump())
+        await self.transport.send_json(
+            InputCommitted(
+                session_id=self.session_id,
+                segment_index=self._commits,
+                segment_sentences=len(segments),
+                total_sentences=self.pipeline.total_sentences,
+            ).dump()
+        )
         self._commits += 1
 
     async def _on_cancel(self, payload: dict[str, Any], origin: Origin = "client") -> None:
@@ -252,9 +266,14 @@ class SpeechSession:
 
     async def _send_cancelled(self, cancelled: int, origin: Origin) -> None:
         metrics.CANCELS.labels(origin).inc()
-        await self.transport.send_json(InputCancelled(
-            session_id=self.session_id, cancelled_sentences=cancelled, total_sentences=self.pipeline.total_sentences,
-            origin=origin).dump())
+        await self.transport.send_json(
+            InputCancelled(
+                session_id=self.session_id,
+                cancelled_sentences=cancelled,
+                total_sentences=self.pipeline.total_sentences,
+                origin=origin,
+            ).dump()
+        )
 
     async def _on_keepalive(self, payload: dict[str, Any]) -> None:
         """Only resets the idle timer, which every frame does."""
@@ -292,7 +311,8 @@ class SpeechSession:
             close_code = error.close_code
         elif close_code is not None:
             await self.transport.send_json(
-                SessionDone(session_id=self.session_id, total_sentences=self.pipeline.total_sentences).dump())
+                SessionDone(session_id=self.session_id, total_sentences=self.pipeline.total_sentences).dump()
+            )
         if close_code is not None:
             self.state = State.CLOSED
             self.closed.set()
@@ -332,8 +352,9 @@ class SpeechSession:
 
     def _on_pipeline_crash(self) -> None:
         if self.state is not State.CLOSED:
-            self._spawn(self._report(SpeechError("internal server error", error_type=SERVER_ERROR, code=None,
-                                                 close_code=CLOSE_INTERNAL)))
+            self._spawn(
+                self._report(SpeechError("internal server error", error_type=SERVER_ERROR, code=None, close_code=CLOSE_INTERNAL))
+            )
 
     # -- timers --------------------------------------------------------------------------------
     def _arm(self, seconds: float, error: SpeechError) -> None:

@@ -47,11 +47,14 @@ class Admission:
         if conf.REQUIRE_API_KEY:
             key = self.api_key = await database_sync_to_async(auth.websocket_key)(scope)
             if key is None:
-                return SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401,
-                                   close_code=CLOSE_POLICY)
+                return SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401, close_code=CLOSE_POLICY)
             if not await self._take_slot(key, session):
-                return SpeechError(f"Too many concurrent sessions for this API key (limit {self._limit(key)})",
-                                   error_type=RATE_LIMIT, code=429, close_code=CLOSE_CAPACITY)
+                return SpeechError(
+                    f"Too many concurrent sessions for this API key (limit {self._limit(key)})",
+                    error_type=RATE_LIMIT,
+                    code=429,
+                    close_code=CLOSE_CAPACITY,
+                )
         return None
 
     @staticmethod
@@ -77,9 +80,11 @@ class Admission:
         session by its group until then); with keys the row says whose session it is, so it comes first."""
         self.group = control.group(session.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        self.registering = asyncio.ensure_future(database_sync_to_async(registry.opened)(
-            session.session_id, voice=session.config.voice, engine=session.engine.capabilities.name,
-            api_key=self.api_key))
+        self.registering = asyncio.ensure_future(
+            database_sync_to_async(registry.opened)(
+                session.session_id, voice=session.config.voice, engine=session.engine.capabilities.name, api_key=self.api_key
+            )
+        )
         if self.api_key is not None:
             await self.registering
 
@@ -114,5 +119,9 @@ class Admission:
                 return
             pipeline = session.pipeline
             await database_sync_to_async(registry.closed)(
-                session.session_id, status=session.outcome, segments=pipeline.sentences,
-                bytes_sent=pipeline.bytes_sent, first_audio_s=pipeline.first_audio_s)
+                session.session_id,
+                status=session.outcome,
+                segments=pipeline.sentences,
+                bytes_sent=pipeline.bytes_sent,
+                first_audio_s=pipeline.first_audio_s,
+            )

@@ -68,9 +68,17 @@ def api_view(*methods, key_required=None):
 
 
 def _describe(voice):
-    return {"id": voice.name, "name": voice.name, "object": "voice", "type": "uploaded", "language": voice.language,
-            "ref_text": voice.transcript, "sample_rate": voice.sample_rate, "duration_s": voice.duration_s,
-            "created_at": int(voice.created_at.timestamp())}
+    return {
+        "id": voice.name,
+        "name": voice.name,
+        "object": "voice",
+        "type": "uploaded",
+        "language": voice.language,
+        "ref_text": voice.transcript,
+        "sample_rate": voice.sample_rate,
+        "duration_s": voice.duration_s,
+        "created_at": int(voice.created_at.timestamp()),
+    }
 
 
 class _LimitedUpload(FileUploadHandler):
@@ -118,10 +126,15 @@ def _upload(request):
         return too_large()
     try:
         voice = voices.create_voice(
-            name=post.get("name", ""), consent=post.get("consent", ""), data=sample.read(),
-            filename=sample.name or "", content_type=sample.content_type or "",
-            transcript=post.get("ref_text", ""), language=post.get("language", ""),
-            created_by=request.api_key.prefix if request.api_key else "rest")
+            name=post.get("name", ""),
+            consent=post.get("consent", ""),
+            data=sample.read(),
+            filename=sample.name or "",
+            content_type=sample.content_type or "",
+            transcript=post.get("ref_text", ""),
+            language=post.get("language", ""),
+            created_by=request.api_key.prefix if request.api_key else "rest",
+        )
     except voices.VoiceError as exc:
         return error(400, str(exc), param=exc.param)
     return JsonResponse(_describe(voice), status=201)
@@ -180,8 +193,16 @@ def session_terminate(request, session_id):
     return _signal(request, session_id, control.TERMINATE)
 
 
-CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
-                 "opus": "audio/ogg", "aac": "audio/aac", "mulaw": "audio/basic", "alaw": "audio/x-alaw-basic"}
+CONTENT_TYPES = {
+    "pcm": "audio/pcm",
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "mulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
+}
 
 
 @csrf_exempt
@@ -199,8 +220,13 @@ async def speech(request):
         body = protocol.parse_message(request.body.decode("utf-8", "replace"))
         engine = get_engine()
         # input, stream and stream_format first, then the WebSocket's session.config rules (messages.SpeechRequest)
-        read = await protocol.resolve_fields(body, engine.capabilities, sync_to_async(voices.find_voice),
-                                             messages.SpeechRequest, max_input_chars=conf.MAX_SEGMENT_CHARS)
+        read = await protocol.resolve_fields(
+            body,
+            engine.capabilities,
+            sync_to_async(voices.find_voice),
+            messages.SpeechRequest,
+            max_input_chars=conf.MAX_SEGMENT_CHARS,
+        )
         config, text, stream = read.config, read.input, read.stream
     except SpeechError as exc:
         return error(exc.code or 400, exc.message, type=exc.error_type, param=exc.param)
@@ -217,8 +243,10 @@ async def speech(request):
             first = None
         except SpeechError as exc:
             return _synthesis_error(exc)
-        response = StreamingHttpResponse(_stream(audio, first, RawEncoder(config.response_format, config.sample_rate)),
-                                         content_type=CONTENT_TYPES[config.response_format])
+        response = StreamingHttpResponse(
+            _stream(audio, first, RawEncoder(config.response_format, config.sample_rate)),
+            content_type=CONTENT_TYPES[config.response_format],
+        )
         response["X-Sample-Rate"], response["X-Channels"], response["X-Bit-Depth"] = str(config.sample_rate), "1", "16"
         return response
     try:
@@ -227,8 +255,11 @@ async def speech(request):
             raise EncodingError("the engine produced no audio")
         samples = np.concatenate(chunks)
         fmt = config.response_format
-        data = (RawEncoder(fmt, config.sample_rate).encode(samples) if fmt in RAW_FORMATS
-                else await asyncio.to_thread(encode_file, fmt, samples, config.sample_rate))
+        data = (
+            RawEncoder(fmt, config.sample_rate).encode(samples)
+            if fmt in RAW_FORMATS
+            else await asyncio.to_thread(encode_file, fmt, samples, config.sample_rate)
+        )
     except (SpeechError, EncodingError) as exc:
         return _synthesis_error(exc)
     response = HttpResponse(data, content_type=CONTENT_TYPES[config.response_format])

@@ -21,8 +21,7 @@ class APIHandler(ASGIHandler):
         self._view_middleware = []
         self._template_response_middleware = []
         self._exception_middleware = []
-        self._middleware_chain = convert_exception_to_response(
-            self._get_response_async if is_async else self._get_response)
+        self._middleware_chain = convert_exception_to_response(self._get_response_async if is_async else self._get_response)
 
     async def get_response_async(self, request):
         response = await super().get_response_async(request)

@@ -54,8 +54,9 @@ def redeem_token(token):
     if not token:
         return None
     now = timezone.now()
-    claimed = AccessToken.objects.filter(hashed=ApiKey.digest(token), used_at__isnull=True, expires_at__gt=now,
-                                         key__revoked_at__isnull=True).update(used_at=now)
+    claimed = AccessToken.objects.filter(
+        hashed=ApiKey.digest(token), used_at__isnull=True, expires_at__gt=now, key__revoked_at__isnull=True
+    ).update(used_at=now)
     if claimed != 1:
         return None
     return AccessToken.objects.select_related("key").get(hashed=ApiKey.digest(token)).key

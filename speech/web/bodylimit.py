@@ -23,9 +23,17 @@ class UploadLimit:
             length = dict(scope.get("headers", [])).get(b"content-length", b"")
             if length.isdigit() and int(length) > self.limit:
                 body = json.dumps(TOO_LARGE).encode()
-                await send({"type": "http.response.start", "status": 413, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 413,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)

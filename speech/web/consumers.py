@@ -54,9 +54,14 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self._open = True
         self.admission = Admission(self.channel_layer, self.channel_name)
-        self.session = SpeechSession(self, self.engine or get_engine(), stream_limits(),
-                                     find_voice=database_sync_to_async(voices.find_voice),
-                                     on_configured=self.admission.register, parse_large=budget.parse_large_config)
+        self.session = SpeechSession(
+            self,
+            self.engine or get_engine(),
+            stream_limits(),
+            find_voice=database_sync_to_async(voices.find_voice),
+            on_configured=self.admission.register,
+            parse_large=budget.parse_large_config,
+        )
         refusal = await self.admission.admit(self.scope, self.session)
         if refusal is not None:
             await self.session.refuse(refusal)

@@ -26,8 +26,7 @@ def _database():
 
 
 async def _redis():
-    client = aioredis.from_url(settings.REDIS_URL, socket_connect_timeout=CHECK_TIMEOUT_S,
-                               socket_timeout=CHECK_TIMEOUT_S)
+    client = aioredis.from_url(settings.REDIS_URL, socket_connect_timeout=CHECK_TIMEOUT_S, socket_timeout=CHECK_TIMEOUT_S)
     try:
         await client.ping()
     finally:
@@ -40,7 +39,7 @@ async def _engine():
 
 
 async def _check(probe):
-    """"ok", or what went wrong (the exception's class and message)."""
+    """ "ok", or what went wrong (the exception's class and message)."""
     try:
         await asyncio.wait_for(probe(), CHECK_TIMEOUT_S)
     except TimeoutError:

@@ -55,8 +55,17 @@ def staff_token(request):
     session registry and the per-key session limit have a key to point at; revoking it in the
     admin ends its tokens (the next request makes a new one, as staff may create keys anyway)."""
     if not _is_staff(request.user):
-        return JsonResponse({"error": {"message": "Only a logged-in staff user gets a token without a key",
-                                       "type": "permission_error", "param": None, "code": 403}}, status=403)
+        return JsonResponse(
+            {
+                "error": {
+                    "message": "Only a logged-in staff user gets a token without a key",
+                    "type": "permission_error",
+                    "param": None,
+                    "code": 403,
+                }
+            },
+            status=403,
+        )
     name = STAFF_KEY_NAME.format(request.user.get_username())
     key = ApiKey.objects.live().filter(name=name).first() or ApiKey.issue(name)[0]
     token, expires_in = auth.issue_token(key)

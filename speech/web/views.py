@@ -10,8 +10,7 @@ from ..engines import get_engine
 def healthz(request):
     """Liveness and what this instance serves: for load balancers and humans."""
     caps = get_engine().capabilities
-    return JsonResponse({"status": "ok", "engine": caps.name, "voices": list(caps.voices),
-                         "sample_rate": caps.sample_rate})
+    return JsonResponse({"status": "ok", "engine": caps.name, "voices": list(caps.voices), "sample_rate": caps.sample_rate})
 
 
 async def health(request):
@@ -30,7 +29,10 @@ async def metrics(request):
     if not prometheus.allowed(request, conf.METRICS_TOKEN):
         if conf.METRICS_TOKEN:
             return error(401, "metrics need Authorization: Bearer <SPEECH_METRICS_TOKEN>", type="authentication_error")
-        return error(403, "metrics are served to this machine only (set SPEECH_METRICS_TOKEN to read them from "
-                          "elsewhere)", type="permission_error")
+        return error(
+            403,
+            "metrics are served to this machine only (set SPEECH_METRICS_TOKEN to read them from elsewhere)",
+            type="permission_error",
+        )
     body, content_type = prometheus.exposition()
     return HttpResponse(body, content_type=content_type)

@@ -52,8 +52,9 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         # only that data is left, so the reservation shrinks to its size.
         self.last_ping = time.time()
         data = payload if isBinary else payload.decode("utf8")
-        self.application_queue.put_nowait({
-            "type": "websocket.receive", ("bytes" if isBinary else "text"): data, "speech.reservation": reservation})
+        self.application_queue.put_nowait(
+            {"type": "websocket.receive", ("bytes" if isBinary else "text"): data, "speech.reservation": reservation}
+        )
         reservation.shrink(sys.getsizeof(data))
 
     def onClose(self, wasClean, code, reason):

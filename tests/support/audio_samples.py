@@ -88,10 +88,11 @@ def encode(kind, seconds=2.0, *, rate=None, amplitude=0.5, freq=440.0):
             step = 1024
         pts = 0
         for start in range(0, len(samples), step):
-            block = samples[start:start + step]
+            block = samples[start : start + step]
             if recipe.sample_fmt == "s16":
-                frame = av.AudioFrame.from_ndarray((np.clip(block, -1, 1) * 32767).astype(np.int16)[None, :],
-                                                   format="s16", layout="mono")
+                frame = av.AudioFrame.from_ndarray(
+                    (np.clip(block, -1, 1) * 32767).astype(np.int16)[None, :], format="s16", layout="mono"
+                )
             else:
                 frame = av.AudioFrame.from_ndarray(block[None, :], format="fltp", layout="mono")
             frame.sample_rate = rate
@@ -113,10 +114,22 @@ def sample(kind, seconds=2.0, **kwargs):
 
 
 # What a client may honestly call each container.
-NAMES = {"wav": "voice.wav", "flac": "voice.flac", "mp3": "voice.mp3", "ogg": "voice.ogg", "m4a": "voice.m4a",
-         "webm": "voice.webm"}
-CONTENT_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "ogg": "audio/ogg",
-                 "m4a": "audio/mp4", "webm": "audio/webm"}
+NAMES = {
+    "wav": "voice.wav",
+    "flac": "voice.flac",
+    "mp3": "voice.mp3",
+    "ogg": "voice.ogg",
+    "m4a": "voice.m4a",
+    "webm": "voice.webm",
+}
+CONTENT_TYPES = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "ogg": "audio/ogg",
+    "m4a": "audio/mp4",
+    "webm": "audio/webm",
+}
 RATES = {kind: (16000 if kind == "wav" else RECIPES[kind].rate) for kind in NAMES}
 ALLOWED = tuple(NAMES)
 
@@ -142,6 +155,7 @@ def good_upload(kind="wav", seconds=2.0, name=None):
 
 # -- bad content ------------------------------------------------------------------------------------
 
+
 def silent(kind="wav", seconds=2.0):
     return sample(kind, seconds, amplitude=0.0)
 
@@ -156,8 +170,14 @@ def truncated(data, keep):
 
 
 TEXT = b"Hello, this is not audio at all. " * 200
-PNG = (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
-       + b"\x90wS\xde" + b"\x00" * 64)
+PNG = (
+    b"\x89PNG\r\n\x1a\n"
+    + struct.pack(">I", 13)
+    + b"IHDR"
+    + struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    + b"\x90wS\xde"
+    + b"\x00" * 64
+)
 JSON = b'{"name": "alice", "audio": "not really"}' * 50
 ZEROS = b"\x00" * 50000
 
@@ -170,10 +190,14 @@ def multipart(fields, files, boundary="----speechtestboundary"):
     """A multipart/form-data body by hand: (body, content type). files: name -> (filename, bytes, ctype)."""
     lines = []
     for key, value in fields.items():
-        lines.append(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{key}\"\r\n\r\n{value}\r\n".encode())
+        lines.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{value}\r\n'.encode())
     for key, (filename, data, ctype) in files.items():
-        lines.append(f"--{boundary}\r\nContent-Disposition: form-data; name=\"{key}\"; filename=\"{filename}\"\r\n"
-                     f"Content-Type: {ctype}\r\n\r\n".encode() + data + b"\r\n")
+        lines.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"; filename="{filename}"\r\n'
+            f"Content-Type: {ctype}\r\n\r\n".encode()
+            + data
+            + b"\r\n"
+        )
     lines.append(f"--{boundary}--\r\n".encode())
     return b"".join(lines), f"multipart/form-data; boundary={boundary}"
 

@@ -7,12 +7,21 @@ import shutil
 import pytest
 
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-needs_chromium = pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                                    reason="Debian's chromium and chromium-driver are installed by make test")
+needs_chromium = pytest.mark.skipif(
+    not (CHROMIUM and CHROMEDRIVER), reason="Debian's chromium and chromium-driver are installed by make test"
+)
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--autoplay-policy=no-user-gesture-required")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+)
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ class Decoded:
 
 # -- raw -------------------------------------------------------------------------------------------
 
+
 def pcm16_ints(data: bytes) -> np.ndarray:
     assert len(data) % 2 == 0, f"pcm length {len(data)} is odd"
     return np.frombuffer(data, dtype="<i2")
@@ -60,6 +61,7 @@ def decode_raw(fmt: str, data: bytes, rate: int) -> Decoded:
 
 
 # -- files -----------------------------------------------------------------------------------------
+
 
 def wav_ints(data: bytes) -> tuple[np.ndarray, int, int, int]:
     """(int16 samples, rate, channels, sample width) of a RIFF WAV, read by the stdlib `wave`."""
@@ -131,7 +133,7 @@ def decode_file(fmt: str, data: bytes) -> Decoded:
 def opus_head(data: bytes) -> dict:
     """Fields of the OpusHead packet (RFC 7845, section 5.1) of an Ogg Opus file."""
     at = data.index(b"OpusHead")
-    head = data[at: at + 19]
+    head = data[at : at + 19]
     return {
         "channels": head[9],
         "pre_skip": int.from_bytes(head[10:12], "little"),
@@ -140,6 +142,7 @@ def opus_head(data: bytes) -> dict:
 
 
 # -- measures --------------------------------------------------------------------------------------
+
 
 def rms(samples: np.ndarray) -> float:
     return float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) if samples.size else 0.0
@@ -158,7 +161,7 @@ def tone_frequency(samples: np.ndarray, rate: int) -> float:
     size = 1 << int(np.ceil(np.log2(max(x.size, 2))))
     spectrum = np.abs(np.fft.rfft(x * np.hanning(x.size), n=4 * size)) + 1e-20
     k = int(np.argmax(spectrum[1:-1])) + 1
-    a, b, c = np.log(spectrum[k - 1: k + 2])
+    a, b, c = np.log(spectrum[k - 1 : k + 2])
     offset = 0.5 * (a - c) / (a - 2 * b + c) if (a - 2 * b + c) != 0 else 0.0
     return (k + offset) * rate / (4 * size)
 
@@ -172,7 +175,7 @@ def best_lag(a: np.ndarray, b: np.ndarray, max_lag: int) -> tuple[int, float]:
         n = min(a.size, b.size - lag)
         if n <= 0:
             break
-        x, y = a[:n], b[lag: lag + n]
+        x, y = a[:n], b[lag : lag + n]
         denominator = np.sqrt(np.dot(x, x) * np.dot(y, y))
         score = float(np.dot(x, y) / denominator) if denominator else 0.0
         if score > best[1]:
@@ -197,18 +200,28 @@ def autocorr_f0(samples: np.ndarray, rate: int, fmin: float = 60.0, fmax: float 
     ac = ac / (ac[0] or 1.0)
     ac = ac / (1 - np.arange(n) / n)  # unbias: longer lags have fewer terms
     lo, hi = max(2, int(rate / fmax)), min(n - 2, int(rate / fmin))
-    window = ac[lo: hi + 1]
+    window = ac[lo : hi + 1]
     peak = float(window.max())
-    candidates = [i for i in range(1, window.size - 1)
-                  if window[i] >= window[i - 1] and window[i] >= window[i + 1] and window[i] >= 0.9 * peak]
+    candidates = [
+        i
+        for i in range(1, window.size - 1)
+        if window[i] >= window[i - 1] and window[i] >= window[i + 1] and window[i] >= 0.9 * peak
+    ]
     i = (candidates[0] if candidates else int(np.argmax(window))) + lo
     a, b, c = ac[i - 1], ac[i], ac[i + 1]
     offset = 0.5 * (a - c) / (a - 2 * b + c) if (a - 2 * b + c) != 0 else 0.0
     return rate / (i + offset)
 
 
-def f0_track(samples: np.ndarray, rate: int, fmin: float = 70.0, fmax: float = 400.0, frame_s: float = 0.040,
-             hop_s: float = 0.010, threshold: float = 0.15) -> np.ndarray:
+def f0_track(
+    samples: np.ndarray,
+    rate: int,
+    fmin: float = 70.0,
+    fmax: float = 400.0,
+    frame_s: float = 0.040,
+    hop_s: float = 0.010,
+    threshold: float = 0.15,
+) -> np.ndarray:
     """F0 of every voiced frame, YIN-style (cumulative mean normalised difference, absolute
     threshold, parabolic refinement). Frames quieter than 5 % of the loudest frame's RMS, or with no
     dip under `threshold`, are unvoiced and left out."""
@@ -219,18 +232,18 @@ def f0_track(samples: np.ndarray, rate: int, fmin: float = 70.0, fmax: float = 4
     if x.size < frame + max_lag:
         return np.zeros(0)
     starts = range(0, x.size - frame - max_lag, hop)
-    energies = np.array([rms(x[s: s + frame]) for s in starts])
+    energies = np.array([rms(x[s : s + frame]) for s in starts])
     gate = 0.05 * (energies.max() if energies.size else 0.0)
     out = []
     for s, energy in zip(starts, energies):
         if energy <= gate:
             continue
-        w = x[s: s + frame]
-        d = np.array([np.sum(np.square(w - x[s + tau: s + tau + frame])) for tau in range(max_lag + 1)])
+        w = x[s : s + frame]
+        d = np.array([np.sum(np.square(w - x[s + tau : s + tau + frame])) for tau in range(max_lag + 1)])
         cumulative = np.cumsum(d[1:])
         cmnd = np.ones_like(d)
         cmnd[1:] = d[1:] * np.arange(1, d.size) / np.where(cumulative == 0, 1, cumulative)
-        below = np.flatnonzero(cmnd[min_lag: max_lag] < threshold)
+        below = np.flatnonzero(cmnd[min_lag:max_lag] < threshold)
         if below.size == 0:
             continue
         tau = int(below[0]) + min_lag
@@ -282,5 +295,5 @@ def chunked(samples: np.ndarray, rng: np.random.Generator, low: int = 1, high: i
     at = 0
     while at < samples.size:
         size = int(rng.integers(low, high))
-        yield samples[at: at + size]
+        yield samples[at : at + size]
         at += size

@@ -71,9 +71,15 @@ class Nginx:
 
     def configure(self):
         self.port = free_port()
-        site = render_template(NGINX_TEMPLATE, {
-            "SPEECH_LISTEN": f"127.0.0.1:{self.port}", "SPEECH_BACKEND_A": self.backends[0],
-            "SPEECH_BACKEND_B": self.backends[1], "SPEECH_ACCESS_LOG": str(self.access_log)})
+        site = render_template(
+            NGINX_TEMPLATE,
+            {
+                "SPEECH_LISTEN": f"127.0.0.1:{self.port}",
+                "SPEECH_BACKEND_A": self.backends[0],
+                "SPEECH_BACKEND_B": self.backends[1],
+                "SPEECH_ACCESS_LOG": str(self.access_log),
+            },
+        )
         (self.dir / "speech.conf").write_text(site)
         for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.dir / name).mkdir(mode=0o777, exist_ok=True)
@@ -97,8 +103,7 @@ http {{
         return self
 
     def command(self, *extra):
-        return [NGINX, "-e", str(self.dir / "error.log"), "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"),
-                *extra]
+        return [NGINX, "-e", str(self.dir / "error.log"), "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"), *extra]
 
     def test_config(self):
         """`nginx -t`: (exit status, what it said)."""
@@ -109,8 +114,9 @@ http {{
         self.configure()
         code, said = self.test_config()
         assert code == 0, said
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + NGINX_START_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -194,6 +200,7 @@ def http(method, url, body=None, headers=None, timeout=60.0):
 
 # -- docker/Dockerfile, read for what can be run without docker ------------------------------------
 
+
 def dockerfile():
     """{"env": {...}, "cmd": [...], "healthcheck": [...], "user": str, "run": [str], "copy": [(src, dst)]}."""
     text = (DOCKER / "Dockerfile").read_text()
@@ -210,7 +217,7 @@ def dockerfile():
         elif word == "CMD":
             facts["cmd"] = json.loads(rest)
         elif word == "HEALTHCHECK":
-            facts["healthcheck"] = json.loads(rest[rest.index(" CMD ") + len(" CMD "):])
+            facts["healthcheck"] = json.loads(rest[rest.index(" CMD ") + len(" CMD ") :])
         elif word == "USER":
             facts["user"] = rest.strip()
         elif word == "RUN":

@@ -75,8 +75,17 @@ class ServerFailed(RuntimeError):
 class DaphneServer:
     """`manage.py serve` in a subprocess on a free port, as a context manager."""
 
-    def __init__(self, env=None, *, host="127.0.0.1", port=None, migrate=True, start_timeout=START_TIMEOUT_S,
-                 stop_timeout=STOP_TIMEOUT_S, attempts=3):
+    def __init__(
+        self,
+        env=None,
+        *,
+        host="127.0.0.1",
+        port=None,
+        migrate=True,
+        start_timeout=START_TIMEOUT_S,
+        stop_timeout=STOP_TIMEOUT_S,
+        attempts=3,
+    ):
         self.host = host
         self.fixed_port = port  # None: a free port is picked (and another one tried if it was taken)
         self.extra_env = dict(env or {})
@@ -119,8 +128,14 @@ class DaphneServer:
         self.stderr_path = self.workdir / "stderr.log"
         env = self.environment()
         if self.migrate:
-            done = subprocess.run([PYTHON, "manage.py", "migrate", "--noinput"], cwd=PROJECT_ROOT, env=env,
-                                  capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                [PYTHON, "manage.py", "migrate", "--noinput"],
+                cwd=PROJECT_ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if done.returncode != 0:
                 raise ServerFailed(f"manage.py migrate failed:\n{done.stdout}\n{done.stderr}")
         last_error = None
@@ -141,20 +156,24 @@ class DaphneServer:
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
                 [PYTHON, "manage.py", "serve", "--host", self.host, "--port", str(self.port)],
-                cwd=PROJECT_ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
             )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.returncode = self.proc.returncode
-                raise ServerFailed(f"server exited with {self.proc.returncode} before listening:\n"
-                                   f"{self.stderr_text()[-4000:]}")
+                raise ServerFailed(f"server exited with {self.proc.returncode} before listening:\n{self.stderr_text()[-4000:]}")
             if port_accepts(self.host, self.port):
                 return
             time.sleep(0.05)
         self.kill()
-        raise ServerFailed(f"server did not listen on port {self.port} within {self.start_timeout} s:\n"
-                           f"{self.stderr_text()[-4000:]}")
+        raise ServerFailed(
+            f"server did not listen on port {self.port} within {self.start_timeout} s:\n{self.stderr_text()[-4000:]}"
+        )
 
     def stop(self):
         """SIGTERM, then wait up to stop_timeout; SIGKILL only if that did not end it."""
@@ -276,8 +295,7 @@ def segments_of(items):
         kind = event.get("type")
         if kind == "audio.start":
             if current is not None:
-                problems.append(f"audio.start of {event['sentence_index']} at {position} before audio.done "
-                                f"of {current.index}")
+                problems.append(f"audio.start of {event['sentence_index']} at {position} before audio.done of {current.index}")
             index = event["sentence_index"]
             if index in segments:
                 problems.append(f"sentence_index {index} announced twice")
@@ -319,8 +337,7 @@ async def open_session(url, *, origin=None, headers=None, open_timeout=30.0, sma
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, (host, port))
         kwargs.update(sock=sock, max_queue=2)
-    return await connect(url, origin=origin, additional_headers=headers, max_size=None,
-                         open_timeout=open_timeout, **kwargs)
+    return await connect(url, origin=origin, additional_headers=headers, max_size=None, open_timeout=open_timeout, **kwargs)
 
 
 def audio_past(seconds, rate=24000):

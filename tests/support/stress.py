@@ -37,6 +37,7 @@ READ_S = 120.0  # hang guard for one frame under load
 
 # -- the server process -----------------------------------------------------------------------------
 
+
 class ProcWatch:
     def __init__(self, pid):
         self.pid = pid
@@ -91,6 +92,7 @@ def tracebacks(server):
 
 
 # -- outcomes -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Tally:
@@ -174,6 +176,7 @@ async def bounded(coros, concurrency):
 
 # -- fuzz --------------------------------------------------------------------------------------------
 
+
 async def fuzz_first_frame(url, kind, data, tally):
     tally.frames += 1
     tally.sessions += 1
@@ -199,8 +202,7 @@ async def fuzz_session(url, rng, count, tally):
     tally.sessions += 1
     ws = await open_session(url)
     try:
-        if not await admitted(ws, {"stream_audio": True, "split_granularity": rng.choice(("sentence", "clause"))},
-                              tally):
+        if not await admitted(ws, {"stream_audio": True, "split_granularity": rng.choice(("sentence", "clause"))}, tally):
             return
         reader = asyncio.create_task(_drain(ws, tally))
         frames = session_frames(rng)
@@ -234,12 +236,17 @@ async def fuzz(url, rng, frames, *, first_share=0.5, per_session=50, concurrency
 
 # -- abrupt disconnects ----------------------------------------------------------------------------
 
+
 async def raw_upgrade(host, port, path="/v1/audio/speech/stream"):
     """A WebSocket opened by hand (asyncio streams), for frames a library would not send half of."""
     reader, writer = await asyncio.open_connection(host, port)
     key = base64.b64encode(os.urandom(16)).decode()
-    writer.write((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    writer.write(
+        (
+            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
     await writer.drain()
     response = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_S)
     assert response.startswith(b"HTTP/1.1 101"), response[:200]

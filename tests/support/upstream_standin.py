@@ -109,8 +109,9 @@ class StandIn:
 
     def __enter__(self):
         self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop).result(WAIT_S)
+        self._server = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop).result(
+            WAIT_S
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -119,6 +120,7 @@ class StandIn:
             self._server.close()
             for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
                 task.cancel()
+
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(WAIT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(WAIT_S)

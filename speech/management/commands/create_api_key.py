@@ -10,8 +10,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name")
-        parser.add_argument("--max-sessions", type=int, default=None,
-                            help="concurrent sessions across instances (default: SPEECH_MAX_SESSIONS_PER_KEY)")
+        parser.add_argument(
+            "--max-sessions",
+            type=int,
+            default=None,
+            help="concurrent sessions across instances (default: SPEECH_MAX_SESSIONS_PER_KEY)",
+        )
 
     def handle(self, *args, name, max_sessions, **options):
         _, secret = ApiKey.issue(name, max_sessions=max_sessions)

@@ -26,9 +26,14 @@ def daphne_args(host, port):
     quiet = ["--verbosity", "0"] if settings.LOG_FORMAT == "json" else []
     return [
         *quiet,
-        "-b", host, "-p", str(port),
-        "--websocket-max-message-size", str(limit),
-        "--websocket-max-frame-size", str(limit),
+        "-b",
+        host,
+        "-p",
+        str(port),
+        "--websocket-max-message-size",
+        str(limit),
+        "--websocket-max-frame-size",
+        str(limit),
         "ttsproject.asgi:application",
     ]
 
