@@ -73,6 +73,15 @@ class SpeechChannelLayer(RedisChannelLayer):
             except REDIS_ERRORS as exc:
                 self._lost(exc)
 
+    async def _clean_receive_backup(self, index, channel):
+        """The stock layer runs this cleaner as a task nobody awaits, so a Redis error in it would end
+        as a traceback ("Task exception was never retrieved"). A backup entry it could not pop only
+        means the message may come again; a repeated cancel is stale by then and cuts nothing."""
+        try:
+            await super()._clean_receive_backup(index, channel)
+        except REDIS_ERRORS as exc:
+            self._lost(exc)
+
     # -- groups: remembered locally, joined when Redis can be reached --------------------------------
     async def group_add(self, group, channel):
         self.start()
