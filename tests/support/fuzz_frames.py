@@ -12,26 +12,9 @@ from __future__ import annotations
 import json
 import re
 
-CONFIG_FIELDS = (
-    "model",
-    "voice",
-    "speaker",
-    "response_format",
-    "sample_rate",
-    "speed",
-    "stream_audio",
-    "split_granularity",
-    "language",
-    "instructions",
-    "ref_audio",
-    "ref_text",
-    "temperature",
-    "top_p",
-    "top_k",
-    "repetition_penalty",
-    "max_new_tokens",
-    "seed",
-)
+from speech.stream.messages import SessionFields
+
+CONFIG_FIELDS = tuple(SessionFields.model_fields)  # every session.config field, from the wire vocabulary
 WRONG_VALUES = (
     [],
     {},
