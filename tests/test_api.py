@@ -517,3 +517,57 @@ def test_keys_and_tokens_never_reach_the_logs(client, settings, media, caplog):
     secret_part = secret.split(".", 1)[1]
     for value in (secret, secret_part, revoked_secret, revoked_secret.split(".", 1)[1], wrong, token, token[4:]):
         assert value not in everything
+
+
+# -- session signals: live or not, in the first milliseconds -------------------------------------------------
+
+
+def _member_of(session_id):
+    """The session's consumer, as far as the REST endpoints can see it: a member of its group."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from speech.control import signals
+
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(signals.group(session_id), channel)
+    return layer, channel
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_written_while_a_signal_is_checked_does_not_make_a_live_session_404(client, media, monkeypatch):
+    """Without keys the registry row is written in the background: a REST signal can first find no
+    live row, and then the row, written in between. The session is live: 202, and the signal sent."""
+    from speech.control import registry
+
+    sid = "speech_ws_" + "a" * 32
+    layer, channel = _member_of(sid)
+    looked_up = registry.live_session
+
+    def row_written_right_after(session_id, api_key=None):
+        found = looked_up(session_id, api_key)
+        registry.opened(session_id, voice="fake", engine="fake")
+        return found
+
+    monkeypatch.setattr(registry, "live_session", row_written_right_after)
+    response = client.post(f"/v1/audio/speech/sessions/{sid}/cancel")
+    assert (response.status_code, response.json()) == (202, {"session_id": sid, "signal": "cancel", "status": "accepted"})
+    from asgiref.sync import async_to_sync
+
+    signal = async_to_sync(layer.receive)(channel)
+    assert signal["type"] == "speech.cancel" and signal["session_id"] == sid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_session_with_an_ended_row_is_404_whatever_its_group_says(client, media):
+    """A crash can leave a group entry behind; the ended row is the answer."""
+    from speech.control import registry
+    from speech.models import SessionRecord
+
+    sid = "speech_ws_" + "b" * 32
+    _member_of(sid)
+    registry.opened(sid, voice="fake", engine="fake")
+    registry.closed(sid, status=SessionRecord.Status.COMPLETED, segments=1, bytes_sent=10, first_audio_s=0.05)
+    error = assert_envelope(client.delete(f"/v1/audio/speech/sessions/{sid}"), 404, type_="not_found_error")
+    assert sid in error["message"]

@@ -49,10 +49,12 @@ from tests.support.live import (
 from tests.support.redis_server import RedisServer
 from tests.support.sessions import (
     CONFIG,
+    acted_on_cancel,
     assert_healthy,
     cancel_path,
     request,
     rest,
+    server_cancels,
     session_path,
     speak_and_stop_reading,
     speaking_session,
@@ -204,7 +206,9 @@ async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
         assert row["status"] == "active" and row["instance"] == cluster.instance("A") and row["ended_at"] is None
 
         # Cancel on B: the segment being sent is cut, the queue dropped, then input.cancelled (server).
+        since = server_cancels(a)
         assert await rest(b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
+        await acted_on_cancel(a, since)
         after = await collect(ws, until=is_event("input.cancelled"))
         assert after.close_code is None, f"closed instead of input.cancelled: {after.types()}"
         items += after.items
@@ -324,11 +328,13 @@ async def test_the_readme_snippet_cancels_a_session_from_a_separate_process(clus
     ws, sid, items = await speaking_session(cluster.a, LONG_TEXT)
     try:
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "ttsproject.settings", **cluster.env}
+        since = server_cancels(cluster.a)
         program = f"import django\ndjango.setup()\nsession_id = {sid!r}\n{snippet}"
         done = await asyncio.to_thread(
             subprocess.run, [PYTHON, "-c", program], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0, done.stderr
+        await acted_on_cancel(cluster.a, since)
         after = await collect(ws, until=is_event("input.cancelled"))
         items += after.items
         segments, problems = segments_of(items)

@@ -35,10 +35,12 @@ from tests.support.live import (
 from tests.support.redis_server import RedisServer
 from tests.support.sessions import (
     CONFIG,
+    acted_on_cancel,
     assert_healthy,
     cancel_path,
     request,
     rest,
+    server_cancels,
     session_path,
     speak_and_stop_reading,
     speaking_session,
@@ -156,10 +158,12 @@ async def finish_ok(ws, sid, next_index):
 async def test_1_with_redis_up_a_cancel_on_b_reaches_a(setup):
     ws, sid, items = await speaking_session(setup.a, LONG_TEXT)
     try:
+        since = server_cancels(setup.a)
         assert await rest(setup.b, "POST", cancel_path(sid)) == (
             202,
             {"session_id": sid, "signal": "cancel", "status": "accepted"},
         )
+        await acted_on_cancel(setup.a, since)
         after = await collect(ws, until=is_event("input.cancelled"))
         cut = check_cancelled(items + after.items, sid, "server")
         assert setup.redis.group_members(sid, db=3) == 1
@@ -218,6 +222,8 @@ async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
         wait_for(lambda: setup.redis.group_members(sid, db=3) == 1, "A rejoined the session's group")
         wait_for(lambda: heartbeat(setup, "A"), "A's heartbeat renewed")  # else its sessions look lost
 
+        since = server_cancels(setup.a)
+
         def cancel_accepted():
             status, body = request(setup.b, "POST", cancel_path(sid))
             if status == 503:
@@ -226,6 +232,7 @@ async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):
             return True
 
         await asyncio.to_thread(wait_for, cancel_accepted, "B's REST cancel accepted again")
+        await acted_on_cancel(setup.a, since)
         after = await collect(ws, until=is_event("input.cancelled"))
         assert after.close_code is None, after.types()
         items += after.items
@@ -398,7 +405,9 @@ async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
         try:
             # Before: signals flow through the proxy.
             assert first.group_members(sid, db=3) == 1
+            since = server_cancels(e)
             assert (await rest(f, "POST", cancel_path(sid)))[0] == 202
+            await acted_on_cancel(e, since)
             after = await collect(ws, until=is_event("input.cancelled"))
             check_cancelled(items + after.items, sid, "server")
             await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
@@ -407,6 +416,8 @@ async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
             proxy.failover(second.port)  # E's connections go silent; new ones reach an empty Redis
             first.kill()
             second.start()
+
+            since = server_cancels(e)
 
             # While the control plane cannot vouch for E, 503 is a fair answer; the first other answer
             # must be 202 (E is alive and its listener comes back on its own), never 404.
@@ -417,6 +428,7 @@ async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
             status, body = await asyncio.to_thread(wait_for, first_answer, "F's REST cancel answered")
             assert setup.status(sid) == "active"
             assert status == 202, body
+            await acted_on_cancel(e, since)
             after = await collect(ws, until=is_event("input.cancelled"))
             check_cancelled(more.items + after.items, sid, "server")
         finally:
@@ -449,6 +461,7 @@ async def test_7_signals_flow_again_after_a_silent_failover(setup):
                 wait_for, lambda: second.group_members(sid, db=3) == 1, "G rejoined the session's group on the new Redis", 20.0
             )
             await asyncio.to_thread(wait_for, lambda: heartbeat(setup, "G", second), "G's heartbeat renewed")
+            since = server_cancels(g)
 
             def accepted():
                 status, body = request(h, "POST", cancel_path(sid))
@@ -456,6 +469,7 @@ async def test_7_signals_flow_again_after_a_silent_failover(setup):
 
             status, body = await asyncio.to_thread(wait_for, accepted, "H's REST cancel answered")
             assert status == 202, body
+            await acted_on_cancel(g, since)
             after = await collect(ws, until=is_event("input.cancelled"))
             check_cancelled(items + after.items, sid, "server")
         finally:
@@ -486,6 +500,7 @@ async def test_8_a_live_session_is_not_declared_lost_when_its_heartbeat_key_is_l
 
             # The standby has been up long enough not to count as "just restarted".
             await asyncio.to_thread(wait_for, lambda: uptime() > 2 * STALE_S + 1, "standby uptime", 60.0)
+            since = server_cancels(e)
             proxy.failover(standby.port)
             first.kill()
 
@@ -496,6 +511,7 @@ async def test_8_a_live_session_is_not_declared_lost_when_its_heartbeat_key_is_l
             status, body = await asyncio.to_thread(wait_for, first_answer, "F's REST cancel answered")
             assert setup.status(sid) == "active", "a live session was written as ended"
             assert status == 202, body
+            await acted_on_cancel(e, since)
             after = await collect(ws, until=is_event("input.cancelled"))
             check_cancelled(items + after.items, sid, "server")
         finally:

@@ -46,9 +46,10 @@ def live_session(session_id, api_key=None):
     return records.first()
 
 
-def recorded(session_id):
-    """Whether the session has a row, live or ended."""
-    return SessionRecord.objects.filter(session_id=session_id).exists()
+def ended(session_id):
+    """Whether the session has a row that says it is over. (Not "any row": a live session's row may be
+    written between a caller's live_session() and this question, and would make it look over.)"""
+    return SessionRecord.objects.filter(session_id=session_id).exclude(status=SessionRecord.Status.ACTIVE).exists()
 
 
 def sessions_using_voice(name):

@@ -175,7 +175,7 @@ def _signal(request, session_id, kind):
         # Without keys a session's row is written just after its handshake: in the first milliseconds
         # (no row at all yet) its group membership says it is live. With keys the row comes first and
         # says whose it is. A session with an ended row is over, whatever group entry a crash left.
-        elif conf.REQUIRE_API_KEY or registry.recorded(session_id) or not control.has_members_sync(session_id):
+        elif conf.REQUIRE_API_KEY or registry.ended(session_id) or not control.has_members_sync(session_id):
             return _not_live(session_id)
         control.send_sync(kind, session_id)
     except control.SignalsUnavailable as exc:

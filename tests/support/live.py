@@ -353,12 +353,16 @@ def audio_past(seconds, rate=24000):
     return check
 
 
-def metric(server, name):
-    """The value of an unlabelled metric in `server`'s /metrics (Prometheus text format)."""
+def metric(server, name, **labels):
+    """The value of a metric in `server`'s /metrics (Prometheus text format). With `labels`, the
+    child with exactly those labels, 0 while it has not been created yet (nothing counted)."""
+    series = name + ("{" + ",".join(f'{key}="{value}"' for key, value in labels.items()) + "}" if labels else "")
     with urllib.request.urlopen(f"{server.http_url}/metrics", timeout=10) as response:
         for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
+            if line.startswith(series + " "):
                 return float(line.split()[1])
+    if labels:
+        return 0.0
     raise AssertionError(f"{name} is not in /metrics")
 
 

@@ -8,7 +8,7 @@ import asyncio
 import http.client
 import json
 
-from .live import audio_past, collect, configure, held, open_session, send_json
+from .live import audio_past, collect, configure, held, metric, open_session, send_json, wait_for
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
 
@@ -31,6 +31,19 @@ def request(server, method, path, body=None, headers=None):
 async def rest(server, method, path, **kwargs):
     """request() off the event loop, so the test's own sockets keep being served meanwhile."""
     return await asyncio.to_thread(request, server, method, path, **kwargs)
+
+
+def server_cancels(server):
+    """Server cancels (REST, admin, group_send) that `server`'s sessions have acted on."""
+    return metric(server, "speech_cancels_total", origin="server")
+
+
+async def acted_on_cancel(holder, since):
+    """Wait (bounded) until `holder`, the instance that holds the session, has acted on a server cancel
+    counted after `since` (a server_cancels() value). A 202 means accepted and on its way through Redis;
+    a client that read on at once could find the speech moved past the held segment before the signal
+    arrived (after a failover the holder's receive loop may take seconds to notice its dead connection)."""
+    await asyncio.to_thread(wait_for, lambda: server_cancels(holder) > since, "the holder acted on the cancel")
 
 
 def cancel_path(session_id):
