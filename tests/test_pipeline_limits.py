@@ -1,4 +1,4 @@
-"""speech.stream.pipeline limits: look-ahead (only after the current segment has audio), pending-text
+"""speech.stream.pipeline limits: look-ahead (only after the current segment sent its first frame), pending-text
 accounting and backpressure, driven directly with the recording transport and a FakeEngine."""
 
 from __future__ import annotations
@@ -80,9 +80,10 @@ async def test_queued_chars_count_only_segments_not_started():
     assert pipeline.total_sentences == 5
     assert pipeline.busy
     await t.event("audio.start", sentence_index=0)
-    # The current segment has its first chunk: the one ahead is being synthesised too.
+    await t.binary()
+    # The current segment's first frame is out: the one ahead is being synthesised too.
+    await until(lambda: len(engine.requests) == 2)
     assert pipeline.queued_chars == sum(map(len, texts[2:]))
-    assert len(engine.requests) == 2
     for k in range(5):
         engine.allow(1)
         await t.until("audio.done")
@@ -124,6 +125,23 @@ async def test_cancel_resets_the_accounting_and_counts_undelivered_segments():
     assert other_tasks() == set()
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_a_cancel_before_the_first_audio_starts_no_synthesis_behind_its_back(stream):
+    """Regression: the producer that a cancel stops marks its segment started on the way out, which
+    started the next segment's synthesis as the segments were being dropped: engine work for nobody."""
+    engine = FakeEngine(delay_s=60.0)  # the first chunk never comes before the cancel
+    t = Recorder()
+    pipeline, idle = make_pipeline(engine, t, stream=stream)
+    pipeline.enqueue("A one.")
+    pipeline.enqueue("B two.")
+    await until(lambda: engine.running == 1)
+    assert await guard(pipeline.cancel()) == 2
+    assert [request.text for request in engine.requests] == ["A one."]
+    assert engine.running == 0 and not pipeline.busy
+    assert other_tasks() == set()
+    assert t.pending() == []
+
+
 async def test_pipeline_restarts_after_going_idle():
     engine = FakeEngine()
     t = Recorder()
@@ -141,7 +159,7 @@ async def test_pipeline_restarts_after_going_idle():
     assert other_tasks() == set()
 
 
-# -- first audio first: the look-ahead waits for the current segment's first chunk ---------------------
+# -- first audio first: the look-ahead waits for the current segment's first frame ---------------------
 
 
 class GatedEngine(FakeEngine):
@@ -160,7 +178,7 @@ class GatedEngine(FakeEngine):
             yield chunk
 
 
-async def test_lookahead_starts_only_after_the_current_segment_has_audio():
+async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_frame():
     engine = GatedEngine()
     t = Recorder()
     pipeline, idle = make_pipeline(engine, t)
@@ -169,11 +187,19 @@ async def test_lookahead_starts_only_after_the_current_segment_has_audio():
     await asyncio.sleep(0)
     assert [job.producer is not None for job in pipeline.jobs] == [True, False, False]
     assert [job.ticket.current for job in pipeline.jobs] == [True, False, False]
+    t.writable.clear()  # the client is not reading: the first frame waits
     engine.gate("One.").set()
     await t.event("audio.start", sentence_index=0)
-    # The current segment has its first chunk: now (and only now) the next one may be synthesised.
-    assert [job.producer is not None for job in pipeline.jobs] == [True, True, False]
-    assert [job.ticket.current for job in pipeline.jobs] == [True, False, False]
+    await until(lambda: t.held_sends == 1)
+    # The current segment has audio, but its first frame is not out: the next one still waits (its
+    # synthesis would compete with the sending of that frame).
+    assert [job.producer is not None for job in pipeline.jobs] == [True, False, False]
+    one, two, three = pipeline.jobs
+    t.writable.set()
+    await t.binary()
+    # The first frame is out: now (and only now) the next one may be synthesised.
+    await until(lambda: two.producer is not None)
+    assert three.producer is None
     await t.until("audio.done")
     # Segment 1 is now the one being delivered: its queued work moves to the front of the engine's queue.
     assert pipeline.jobs[0].text == "Two." and pipeline.jobs[0].ticket.current
@@ -208,12 +234,15 @@ async def test_a_client_that_stops_reading_holds_delivery_and_synthesis(stream):
     pipeline, idle = make_pipeline(engine, t, stream=stream)
     for k in range(10):
         pipeline.enqueue(f"Segment {k}.")
+    # Held: nothing beyond the look-ahead is synthesised, and nothing more is sent or queued. Streamed,
+    # the look-ahead itself waits for the current segment's first frame, which waits for the client.
+    synthesised = 1 if stream else 1 + LOOKAHEAD
     await t.event("audio.start", sentence_index=0)
-    await until(lambda: len(engine.requests) == 1 + LOOKAHEAD and not engine.running)
-    assert t.held_sends == 1  # the first frame waits for the client
-    # Held: nothing beyond the look-ahead was synthesised, and nothing more is sent or queued.
-    assert [r.text for r in engine.requests] == ["Segment 0.", "Segment 1."]
-    assert pipeline.queued_chars == sum(len(f"Segment {k}.") for k in range(2, 10))
+    await until(lambda: len(engine.requests) == synthesised and not engine.running and t.held_sends == 1)
+    for _ in range(50):  # loop turns (the fake engine needs none to make a segment): a wrong start would show
+        await asyncio.sleep(0)
+    assert [r.text for r in engine.requests] == [f"Segment {k}." for k in range(synthesised)]
+    assert pipeline.queued_chars == sum(len(f"Segment {k}.") for k in range(synthesised, 10))
     assert t.pending() == []
     t.writable.set()  # the client reads again: everything is delivered, in order
     await idle.wait()

@@ -58,7 +58,8 @@ class Job:
         self.index: int | None = None  # its sentence index, given when audio.start (or its error) is sent
         self.bytes_sent = 0
         self.done_sent = False
-        self.started = False  # its first chunk (or its end) is there: the next segment may start
+        self.started = False  # its first frame is sent (streamed), its first chunk is there (files), or it
+        # ended: the next segment may start
 
     @property
     def announced(self) -> bool:
@@ -128,8 +129,9 @@ class Pipeline:
 
     def _start_producers(self) -> None:
         """The segment being delivered is synthesised at the front of the engine's queue; the next
-        one (look-ahead) starts only once the current one has its first chunk, so it never delays
-        the current segment's first audio, and waits behind every session's current segments."""
+        one (look-ahead) starts only once the current one's first frame is sent (its first chunk, when
+        audio is sent as a file), so it never delays the current segment's first audio, and waits
+        behind every session's current segments."""
         for position, job in enumerate(self.jobs):
             if position > LOOKAHEAD:
                 break
@@ -147,6 +149,9 @@ class Pipeline:
             self._start_producers()
 
     async def _produce(self, job: Job) -> None:
+        # A streamed segment with audio counts as started once its first frame is sent (_send_audio);
+        # anything else once it has audio, or when it ends.
+        streamed_audio = False
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
@@ -157,7 +162,9 @@ class Pipeline:
                 async for chunk in audio:
                     if chunk.size:
                         job.chunks.put_nowait(encoder.encode(chunk) if encoder else chunk)
-                    self._started(job)
+                        streamed_audio = encoder is not None
+                    if encoder is None:
+                        self._started(job)
         except SpeechError as exc:
             job.chunks.put_nowait(exc)
         except EncodingError as exc:
@@ -167,7 +174,8 @@ class Pipeline:
             job.chunks.put_nowait(server_error("speech synthesis failed"))
         finally:
             job.chunks.put_nowait(_END)
-            self._started(job)
+            if not streamed_audio:
+                self._started(job)
 
     async def _deliver_all(self) -> None:
         try:
@@ -205,6 +213,7 @@ class Pipeline:
         )
 
     async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
+        first = job.bytes_sent == 0
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
@@ -215,6 +224,12 @@ class Pipeline:
         # Let the loop run: the server writes this frame to the socket now instead of after the
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
         await asyncio.sleep(0)
+        if first:
+            # The next segment's synthesis starts once this segment's first frame is in the socket
+            # (the loop's writer runs in the turn after the one above), not when its audio was made:
+            # its G2P is Python and would hold the GIL while the loop still has that frame to write.
+            await asyncio.sleep(0)
+            self._started(job)
 
     def _stream_encoder(self) -> RawEncoder | None:
         if self.config.stream_audio:  # the handshake allows streaming for raw formats only
@@ -280,17 +295,19 @@ class Pipeline:
         )
 
     async def _stop(self) -> list[Job]:
-        """Stop delivery and every producer (engine work included) and forget all segments."""
-        tasks = [job.producer for job in self.jobs if job.producer is not None]
+        """Stop delivery and every producer (engine work included) and forget all segments. The
+        segments are forgotten first: a producer that ends here marks its segment started, which
+        must not start the next one's synthesis behind our back."""
+        jobs = list(self.jobs)
+        self.jobs.clear()
+        self.queued_chars = 0
+        tasks = [job.producer for job in jobs if job.producer is not None]
         if self._delivery is not None:
             tasks.append(self._delivery)
             self._delivery = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        jobs = list(self.jobs)
-        self.jobs.clear()
-        self.queued_chars = 0
         return jobs
 
     async def cancel(self) -> int:
