@@ -571,3 +571,20 @@ def test_a_session_with_an_ended_row_is_404_whatever_its_group_says(client, medi
     registry.closed(sid, status=SessionRecord.Status.COMPLETED, segments=1, bytes_sent=10, first_audio_s=0.05)
     error = assert_envelope(client.delete(f"/v1/audio/speech/sessions/{sid}"), 404, type_="not_found_error")
     assert sid in error["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_live_session_out_of_its_group_gets_503_not_a_202_that_reaches_no_one(client, media):
+    """Its row says live and its instance beats, but it is not in its group (its instance has not joined
+    again since Redis lost the groups): a signal sent now would be lost, so the answer is 503."""
+    from speech.control import registry
+
+    sid = "speech_ws_" + "c" * 32
+    registry.opened(sid, voice="fake", engine="fake")
+    for method in (client.post, client.delete):
+        path = f"/v1/audio/speech/sessions/{sid}" + ("/cancel" if method == client.post else "")
+        error = assert_envelope(method(path), 503, type_="server_error")
+        assert error["message"].startswith("signals are unavailable: the instance holding the session has not rejoined")
+    _member_of(sid)
+    response = client.post(f"/v1/audio/speech/sessions/{sid}/cancel")
+    assert (response.status_code, response.json()) == (202, {"session_id": sid, "signal": "cancel", "status": "accepted"})

@@ -125,6 +125,22 @@ async def test_receive_outlives_redis_and_groups_come_back_after_an_empty_restar
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
+async def test_connections_from_before_a_restart_are_closed_when_redis_answers_again(layers, private_redis):
+    """Each idle pooled connection from before a restart failed once on its next use, and each failure
+    took the layer down for another backoff (joins deferred, signals lost): when Redis answers again
+    the layer closes them, so the next operations all get fresh connections."""
+    a = layers()
+    await asyncio.gather(*(joined(a, new_id()) for _ in range(8)))  # eight connections, now idle
+    await a.stop()  # no heartbeat in this test: the restart goes unnoticed until the layer is told
+    private_redis.kill()
+    private_redis.start()
+    await a._drop_idle_connections()  # what the heartbeat does when it finds Redis back
+    sids = [new_id() for _ in range(8)]
+    channels = [await a.new_channel() for _ in sids]
+    await asyncio.gather(*(a._join(control.group(sid), channel) for sid, channel in zip(sids, channels)))
+    assert [private_redis.group_members(sid, db=7) for sid in sids] == [1] * 8
+
+
 async def test_a_join_while_redis_is_away_returns_at_once_and_happens_when_it_is_back(layers, private_redis):
     a = layers()
     receiving = asyncio.ensure_future(a.receive(await a.new_channel()))  # what a consumer does first

@@ -105,6 +105,15 @@ async def instance_alive(instance):
 instance_alive_sync = async_to_sync(instance_alive)
 
 
+def not_joined():
+    """A live session (its row says so, its instance beats) that is not in its group can take no signal
+    now: its instance has not joined the group again since Redis lost it. Answered with 503, not 202."""
+    return SignalsUnavailable(
+        "signals are unavailable: the instance holding the session has not rejoined the control "
+        "channel since Redis lost its state; try again shortly"
+    )
+
+
 has_members_sync = async_to_sync(has_members)
 
 

@@ -172,6 +172,8 @@ def _signal(request, session_id, kind):
             if not control.instance_alive_sync(record.instance):
                 registry.lost(record)  # its instance died without closing it (its group entry remains)
                 return _not_live(session_id)
+            if not control.has_members_sync(session_id):  # a signal sent now would reach no one
+                raise control.not_joined()
         # Without keys a session's row is written just after its handshake: in the first milliseconds
         # (no row at all yet) its group membership says it is live. With keys the row comes first and
         # says whose it is. A session with an ended row is over, whatever group entry a crash left.
