@@ -8,6 +8,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from .audio.codecs import CONTAINER_MEDIA_TYPES
 from .control import signals as control
 from . import voices
 from .models import ApiKey, SessionRecord, Voice
@@ -143,15 +144,7 @@ class VoiceAdmin(admin.ModelAdmin):
         voice = Voice.objects.filter(pk=pk).first()
         if voice is None or not self.has_view_permission(request, voice):
             raise Http404
-        content_type = {
-            "wav": "audio/wav",
-            "flac": "audio/flac",
-            "mp3": "audio/mpeg",
-            "ogg": "audio/ogg",
-            "m4a": "audio/mp4",
-            "webm": "audio/webm",
-        }[voice.container]
-        return FileResponse(voice.audio.open("rb"), content_type=content_type)
+        return FileResponse(voice.audio.open("rb"), content_type=CONTAINER_MEDIA_TYPES[voice.container])
 
 
 @admin.register(ApiKey)

@@ -27,6 +27,16 @@ FILE_FORMATS = {
     "aac": ("adts", "aac", {"aac_coder": "fast"}),
 }
 FORMATS = tuple(sorted(RAW_FORMATS + tuple(FILE_FORMATS)))
+# The media type of each container a reference voice may be uploaded in (speech/voices.py checks
+# uploads; the admin serves them, the upstream engine sends them as data: URLs).
+CONTAINER_MEDIA_TYPES = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "ogg": "audio/ogg",
+    "m4a": "audio/mp4",
+    "webm": "audio/webm",
+}
 OPUS_RATE = 48000  # Opus runs on a 48 kHz clock; decoders give 48 kHz whatever was put in
 _G711 = {"mulaw": "pcm_mulaw", "alaw": "pcm_alaw"}
 

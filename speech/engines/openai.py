@@ -26,6 +26,7 @@ from email.message import Message
 import httpx
 
 from ..audio import signal as audio
+from ..audio.codecs import CONTAINER_MEDIA_TYPES
 from ..stream.errors import BAD_REQUEST, RATE_LIMIT
 from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
 from .text import for_engine
@@ -38,14 +39,6 @@ RETRY_STATUSES = (502, 503, 504)
 # The upstream could not have started: refused, or the connection dropped before a response.
 RETRY_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 ERROR_BODY_LIMIT = 64 * 1024  # bytes of an error response read for its message
-REFERENCE_MIME = {
-    "wav": "audio/wav",
-    "flac": "audio/flac",
-    "mp3": "audio/mpeg",
-    "ogg": "audio/ogg",
-    "m4a": "audio/mp4",
-    "webm": "audio/webm",
-}
 DEFAULT = "default"  # the voice name that leaves the choice to the upstream
 JSON = {"content-type": "application/json"}
 
@@ -370,7 +363,8 @@ async def _backoff(attempt):
 
 @functools.lru_cache(maxsize=4)
 def _encode(container, audio):
-    return f"data:{REFERENCE_MIME.get(container, 'application/octet-stream')};base64," + base64.b64encode(audio).decode("ascii")
+    media_type = CONTAINER_MEDIA_TYPES.get(container, "application/octet-stream")
+    return f"data:{media_type};base64," + base64.b64encode(audio).decode("ascii")
 
 
 async def _data_url(container, audio):
