@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from report import header, write_section  # noqa: E402
 
+from speech.memory import QUIET_TRIM_AFTER_S  # noqa: E402
 from tests.support.live import DaphneServer, configure, open_session, recv_item, send_json, wait_for  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 from tests.support.stress import ProcWatch, Tally, active_sessions, disconnects, fuzz, tracebacks  # noqa: E402
@@ -76,11 +77,12 @@ SERVER_ENV = {"SPEECH_ENGINE_WORKERS": "2"}
 def settle(server, watch):
     """The server is idle again: no active session in its registry, and RSS no longer falling."""
     wait_for(lambda: active_sessions(server) == 0, "sessions ended", timeout=120)
+    time.sleep(QUIET_TRIM_AFTER_S + 1.0)  # a quiet server gives a burst's memory back after this
     return steady_rss(watch)
 
 
 def steady_rss(watch):
-    """RSS once it stops moving (a trim follows the last disconnect within about a second, speech.memory)."""
+    """RSS once it stops moving."""
     last = watch.rss()
     for _ in range(20):
         time.sleep(0.5)

@@ -44,6 +44,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
 from report import header, write_section  # noqa: E402
 
+from speech.memory import QUIET_TRIM_AFTER_S  # noqa: E402
 from tests.support.live import DaphneServer, open_session, recv_item  # noqa: E402
 
 SECTION = "## Delivery and throughput (bench/throughput.py)"
@@ -282,7 +283,9 @@ async def stalled_part(args, lines):
         held = rss_mib(pid)
         stop.set()
         await asyncio.gather(*clients)
-        await asyncio.sleep(5)  # the server notices the aborted connections and ends their sessions
+        # The server notices the aborted connections and ends their sessions; once no WebSocket has
+        # been open for QUIET_TRIM_AFTER_S it gives the burst's memory back (speech.memory).
+        await asyncio.sleep(QUIET_TRIM_AFTER_S + 5)
         after = rss_mib(pid)
         server.assert_no_traceback()
     lines += [

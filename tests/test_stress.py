@@ -11,6 +11,7 @@ import os
 import random
 import threading
 import unicodedata
+from pathlib import Path
 
 import pytest
 
@@ -160,6 +161,64 @@ async def test_trims_after_frees_are_coalesced_and_run_off_the_loop(monkeypatch)
     while not trims and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     assert len(trims) == 1 and trims[0] != loop_thread
+
+
+def test_a_trim_remembers_what_was_resident_after_it():
+    from speech import memory
+
+    memory.trim()
+    after = memory._rss_after_trim
+    assert after is not None and abs(memory.resident_bytes() - after) < 16 * MIB
+    status = Path("/proc/self/status").read_text()
+    vm_rss = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) * 1024
+    assert abs(memory.resident_bytes() - vm_rss) < 16 * MIB
+
+
+def test_a_quiet_server_trims_only_when_it_grew_since_the_last_trim(monkeypatch):
+    from speech import memory
+
+    asked = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: asked.append(True))
+    monkeypatch.setattr(memory, "resident_bytes", lambda: 300 * MIB)
+    monkeypatch.setattr(memory, "_rss_after_trim", None)
+    memory.release_after_growth()
+    assert len(asked) == 1  # never trimmed
+    monkeypatch.setattr(memory, "_rss_after_trim", 300 * MIB - memory.QUIET_TRIM_GROWTH_BYTES)
+    memory.release_after_growth()
+    assert len(asked) == 1  # a working set that the next sessions use again stays mapped
+    monkeypatch.setattr(memory, "_rss_after_trim", 300 * MIB - memory.QUIET_TRIM_GROWTH_BYTES - 1)
+    memory.release_after_growth()
+    assert len(asked) == 2  # a burst goes back
+
+
+class _Socket:
+    speech_socket = True
+
+
+def test_the_quiet_trim_waits_until_no_websocket_opened_in_between(monkeypatch):
+    from speech import memory
+    from speech.web import server as module
+
+    later = []
+    monkeypatch.setattr(module.reactor, "callLater", lambda delay, fn, *args: later.append((delay, fn, args)))
+    trims = []
+    monkeypatch.setattr(memory, "release_after_growth", lambda: trims.append(True))
+    server = module.SpeechServer.__new__(module.SpeechServer)
+    first, second = _Socket(), _Socket()
+    server.connections = {first: {}, second: {}}
+    server.sockets, server.opened = 2, 2
+    server.protocol_disconnected(first)
+    assert later == []  # one is still open
+    server.protocol_disconnected(second)
+    assert [(delay, args) for delay, _, args in later] == [(memory.QUIET_TRIM_AFTER_S, (2,))]
+    server.opened = 3  # a connection came and went before the delay ran out: its own delay decides
+    later[0][1](*later[0][2])
+    assert trims == []
+    server._quiet(3)
+    assert trims == [True]
+    server.sockets = 1
+    server._quiet(3)
+    assert trims == [True]
 
 
 def test_default_budget_takes_one_largest_config():

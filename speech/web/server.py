@@ -11,8 +11,8 @@ sessions still running. This version skips such connections, waits for every ses
 (each sends its error event and closes 4001, see consumers.py), then stops the channel layer's heartbeat.
 
 Its WebSocket connections meter large frames against the process's budget from their header on
-(speech/web/wsprotocol.py, speech/web/budget.py), and connections that end ask for freed memory to be returned
-(speech.memory).
+(speech/web/wsprotocol.py, speech/web/budget.py), and once no WebSocket has been open for a few
+seconds, freed memory is returned if a burst left some (speech.memory).
 """
 
 import asyncio
@@ -21,7 +21,7 @@ import socket
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 
 from .. import memory
 from ..control import signals as control
@@ -54,6 +54,7 @@ class SpeechServer(Server):
         self._ws_factory = factory
 
     sockets = 0  # WebSocket connections open in this process
+    opened = 0  # WebSocket connections opened since the start
 
     def protocol_disconnected(self, protocol):
         super().protocol_disconnected(protocol)
@@ -61,15 +62,21 @@ class SpeechServer(Server):
             protocol.speech_socket = False
             self.sockets -= 1
             if self.sockets == 0:
-                # The server went quiet: give freed memory back. Not after every connection: a trim
-                # walks the heaps under their locks and slows the synthesis threads while it runs.
-                memory.release_free_memory()
+                # Not after every connection: a trim walks the heaps under their locks, slowing the
+                # synthesis threads while it runs, and hands back their working memory (speech.memory).
+                reactor.callLater(memory.QUIET_TRIM_AFTER_S, self._quiet, self.opened)
+
+    def _quiet(self, opened):
+        """No WebSocket was opened or open since the last one ended: give a burst's memory back."""
+        if self.sockets == 0 and self.opened == opened:
+            memory.release_after_growth()
 
     def create_application(self, protocol, scope):
         """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope."""
         if scope["type"] == "websocket":
             protocol.speech_socket = True
             self.sockets += 1
+            self.opened += 1
             scope[SCOPE_KEY] = FlowControl.attach(protocol)
             protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
             sock = _socket_of(protocol.transport)
