@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from speech.engines.fake import FakeEngine
+from speech.web.flowcontrol import SCOPE_KEY, FlowControl
 
 from .support.communicator import HANG_GUARD_S, PATH, application, event, output, send
 
@@ -174,6 +175,30 @@ async def test_cancel_through_the_socket():
         "origin": "client",
     }
     assert engine.running == 0
+    await comm.disconnect()
+
+
+async def test_audio_waits_for_a_client_message_the_server_has_read_and_not_handled():
+    """daphne reports each message it queues (speech/web/wsprotocol.py); here the test stands in for it."""
+    engine = FakeEngine(chunks=3, hold=True)
+    comm = communicator(engine)
+    flow = comm.scope[SCOPE_KEY] = FlowControl()
+    ok, _ = await comm.connect(HANG_GUARD_S)
+    assert ok
+    flow.message_read()
+    await send(comm, {"type": "session.config", "session": {"stream_audio": True}})
+    await event(comm, "session.configured")
+    flow.message_read()
+    await send(comm, {"type": "input.text", "text": "First one. Second one. "})
+    await event(comm, "audio.start")
+    assert "bytes" in await output(comm)
+    assert "bytes" in await output(comm)
+    assert await comm.receive_nothing()  # the engine holds the second chunk
+    flow.message_read()  # daphne has read a frame; the consumer has not had it yet
+    engine.allow(1)
+    assert await comm.receive_nothing()  # the second chunk is there, and waits behind that frame
+    await send(comm, {"type": "input.text", "text": "Third one. "})
+    assert "bytes" in await output(comm)
     await comm.disconnect()
 
 

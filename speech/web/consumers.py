@@ -48,7 +48,12 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         handler = getattr(self, message["type"].replace(".", "_"), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        try:
+            await handler(message)
+        finally:
+            flow = self.scope.get(SCOPE_KEY)
+            if flow is not None and message["type"] == "websocket.receive":
+                flow.message_handled()  # audio waited for it (speech/web/flowcontrol.py)
 
     async def connect(self):
         await self.accept()

@@ -9,6 +9,13 @@ WebSocket and passes it to the application in the scope (`scope["speech.flow"]`)
 awaits `writable()` before each audio frame. A client that stops reading therefore holds its
 session after about 64 KiB plus the kernel's socket buffers, and delivery resumes when it reads
 again; daphne's ping timeout still ends a client that is gone.
+
+Audio never overtakes what the client said: daphne tells the FlowControl when it queues a client
+message for the application (`message_read`, speech/web/wsprotocol.py) and the consumer when it has
+handled it (`message_handled`), and `writable()` also waits while one is in between. A cancel that
+the server has read therefore stops the audio before another frame goes out, however fast the
+client reads (otherwise the frames sent during the loop turns from daphne's read to the session's
+handling of the cancel went out after it).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 SCOPE_KEY = "speech.flow"
-RESUME_YIELDS = 4  # loop turns from daphne's read of a frame to the consumer's handling of it
+RESUME_YIELDS = 4  # loop turns after a resume for daphne to read what the client sent before reading again
 
 
 @implementer(IPushProducer)
@@ -29,6 +36,9 @@ class FlowControl:
     def __init__(self):
         self._writable = asyncio.Event()
         self._writable.set()
+        self._unhandled = 0  # client messages daphne has queued for the application and it has not handled yet
+        self._input_handled = asyncio.Event()
+        self._input_handled.set()
         self.pauses = 0  # how often the client fell behind: for tests and metrics
 
     @classmethod
@@ -45,13 +55,26 @@ class FlowControl:
         return not self._writable.is_set()
 
     async def writable(self):
-        """Return once the connection's outgoing buffer has room."""
+        """Return once the connection's outgoing buffer has room and every client message daphne has
+        read is handled."""
         if not self._writable.is_set():
             await self._writable.wait()
             # The client read again, and frames it sent before reading (a cancel, typically) arrive
-            # with the same wake-up: let the application handle them before more audio goes out.
+            # with the same wake-up: let daphne read them before more audio goes out.
             for _ in range(RESUME_YIELDS):
                 await asyncio.sleep(0)
+        while self._unhandled:
+            await self._input_handled.wait()
+
+    # Client messages, from daphne's protocol and from the consumer
+    def message_read(self):
+        self._unhandled += 1
+        self._input_handled.clear()
+
+    def message_handled(self):
+        self._unhandled = max(0, self._unhandled - 1)
+        if not self._unhandled:
+            self._input_handled.set()
 
     # IPushProducer, called by the transport on the reactor's (daphne's) event loop
     def pauseProducing(self):

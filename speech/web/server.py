@@ -72,12 +72,13 @@ class SpeechServer(Server):
             memory.release_after_growth()
 
     def create_application(self, protocol, scope):
-        """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope."""
+        """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope, and
+        its protocol reports the client's messages to it."""
         if scope["type"] == "websocket":
             protocol.speech_socket = True
             self.sockets += 1
             self.opened += 1
-            scope[SCOPE_KEY] = FlowControl.attach(protocol)
+            scope[SCOPE_KEY] = protocol.speech_flow = FlowControl.attach(protocol)
             protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
             sock = _socket_of(protocol.transport)
             if sock is not None:

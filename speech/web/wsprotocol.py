@@ -41,7 +41,11 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         # application of the disconnect, so the session ends at once.
         self.failedByMe = True
 
+    speech_flow = None  # the connection's FlowControl (speech/web/server.py), told of every message queued
+
     def onMessage(self, payload, isBinary):
+        if self.speech_flow is not None and not self.muted:  # daphne queues it for the application
+            self.speech_flow.message_read()
         reservation, self.reservation = self.reservation, None
         if reservation is None or self.muted or self.failedByMe:
             super().onMessage(payload, isBinary)

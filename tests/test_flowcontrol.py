@@ -1,0 +1,66 @@
+"""Backpressure's second half (speech/web/flowcontrol.py): audio never overtakes a client message
+that daphne has read and the application has not handled yet, so a cancel the server has read
+stops the audio before another frame goes out, however fast the client reads."""
+
+from __future__ import annotations
+
+import asyncio
+
+from speech.web.flowcontrol import FlowControl
+from speech.web.wsprotocol import BudgetedWebSocketProtocol
+
+TURNS = 10  # loop turns given to a waiter that could finish; it waits on an event, so none is enough
+
+
+async def still_waiting(task):
+    for _ in range(TURNS):
+        await asyncio.sleep(0)
+    return not task.done()
+
+
+async def test_audio_waits_until_every_message_read_is_handled():
+    flow = FlowControl()
+    await flow.writable()
+    flow.message_read()
+    flow.message_read()
+    waiter = asyncio.create_task(flow.writable())
+    assert await still_waiting(waiter)
+    flow.message_handled()
+    assert await still_waiting(waiter)
+    flow.message_handled()
+    await waiter
+    flow.message_handled()  # one more than was read (a frame from before the flow was attached) is harmless
+    await flow.writable()
+
+
+async def test_a_paused_connection_still_holds_audio_once_its_messages_are_handled():
+    flow = FlowControl()
+    flow.pauseProducing()
+    flow.message_read()
+    waiter = asyncio.create_task(flow.writable())
+    flow.message_handled()
+    assert await still_waiting(waiter)
+    flow.resumeProducing()
+    await waiter
+
+
+def protocol_with(flow):
+    protocol = BudgetedWebSocketProtocol.__new__(BudgetedWebSocketProtocol)
+    protocol.speech_flow, protocol.muted, protocol.failedByMe = flow, False, False
+    protocol.client_addr = ("127.0.0.1", 50000)
+    protocol.application_queue = asyncio.Queue()
+    return protocol
+
+
+async def test_daphne_reports_each_message_it_queues_and_none_it_drops():
+    flow = FlowControl()
+    protocol = protocol_with(flow)
+    protocol.onMessage(b'{"type": "input.cancel"}', False)
+    assert protocol.application_queue.qsize() == 1
+    waiter = asyncio.create_task(flow.writable())
+    assert await still_waiting(waiter)
+    protocol.muted = True  # daphne drops what a closing connection sends: nothing to wait for
+    protocol.onMessage(b'{"type": "input.done"}', False)
+    assert protocol.application_queue.qsize() == 1
+    flow.message_handled()
+    await waiter
