@@ -202,6 +202,33 @@ async def test_audio_waits_for_a_client_message_the_server_has_read_and_not_hand
     await comm.disconnect()
 
 
+class ClosingFlow(FlowControl):
+    def __init__(self):
+        super().__init__()
+        self.audio_ahead = []
+
+    def closing(self, audio_ahead_s):
+        self.audio_ahead.append(audio_ahead_s)
+
+
+async def test_the_close_waits_for_a_client_that_may_still_be_playing():
+    engine = FakeEngine(chunk_s=1.0, chunks=2)
+    comm = communicator(engine)
+    flow = comm.scope[SCOPE_KEY] = ClosingFlow()
+    ok, _ = await comm.connect(HANG_GUARD_S)
+    assert ok
+    started = asyncio.get_running_loop().time()
+    await send(comm, {"type": "session.config", "session": {"stream_audio": True}})
+    await event(comm, "session.configured")
+    await send(comm, {"type": "input.text", "text": "Two seconds of audio."})
+    await send(comm, {"type": "input.done"})
+    while (await output(comm))["type"] != "websocket.close":
+        pass
+    elapsed = asyncio.get_running_loop().time() - started
+    assert len(flow.audio_ahead) == 1 and 2.0 - elapsed <= flow.audio_ahead[0] <= 2.0
+    await comm.disconnect()
+
+
 # -- Origin policy ---------------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from speech.web.flowcontrol import FlowControl
+from speech.web.flowcontrol import CLOSE_HANDSHAKE_TIMEOUT_S, FlowControl
 from speech.web.wsprotocol import BudgetedWebSocketProtocol
 
 TURNS = 10  # loop turns given to a waiter that could finish; it waits on an event, so none is enough
@@ -64,3 +64,29 @@ async def test_daphne_reports_each_message_it_queues_and_none_it_drops():
     assert protocol.application_queue.qsize() == 1
     flow.message_handled()
     await waiter
+
+
+class _Transport:
+    def registerProducer(self, producer, streaming):
+        self.producer = producer
+
+    def unregisterProducer(self):
+        pass
+
+
+class _Protocol:
+    closeHandshakeTimeout = 1  # autobahn's default
+
+    def __init__(self):
+        self.transport = _Transport()
+
+
+async def test_the_close_reply_is_awaited_as_long_as_the_client_may_still_be_playing():
+    protocol = _Protocol()
+    flow = FlowControl.attach(protocol)
+    assert protocol.transport.producer is flow
+    assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S
+    flow.closing(42.5)
+    assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S + 42.5
+    flow.closing(0.0)
+    assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S

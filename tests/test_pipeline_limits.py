@@ -267,3 +267,19 @@ async def test_cancel_while_the_client_is_not_reading_stops_the_segment():
     assert t.pending() == []  # the held frame was never sent
     assert engine.running == 0
     assert other_tasks() == set()
+
+
+# -- what a client playing at real time may still have to read -------------------------------------
+
+
+async def test_audio_ahead_is_what_was_sent_less_what_real_time_has_played():
+    engine = FakeEngine(chunk_s=1.0, chunks=3)
+    pipeline, idle = make_pipeline(engine, Recorder())
+    assert pipeline.audio_ahead_s() == 0.0  # nothing sent yet
+    started = asyncio.get_running_loop().time()
+    pipeline.enqueue("Three seconds of audio, made at once.")
+    await idle.wait()
+    elapsed = asyncio.get_running_loop().time() - started
+    ahead = pipeline.audio_ahead_s()
+    assert pipeline.audio_s_sent == pytest.approx(3.0)
+    assert 3.0 - elapsed <= ahead <= 3.0

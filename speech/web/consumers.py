@@ -117,6 +117,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def close(self, code=None, reason=None):
         if self._open:
             self._open = False
+            flow = self.scope.get(SCOPE_KEY)
+            if flow is not None and self.session is not None and self.session.pipeline is not None:
+                flow.closing(self.session.pipeline.audio_ahead_s())
             await super().close(code, reason)
 
     @classmethod

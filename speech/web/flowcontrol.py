@@ -26,6 +26,12 @@ from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 SCOPE_KEY = "speech.flow"
+# autobahn waits 1 s by default for the client's reply to a close frame, then resets the connection,
+# and the client gets no close code. The reply comes after the client has read everything in flight
+# before the close frame: besides the server's buffers (speech/web/server.py), the client's own
+# receive buffer, which the kernel grows to megabytes (tcp_rmem), i.e. minutes of audio for a client
+# that reads at real time. So the wait is this much plus the audio the session sent beyond real time.
+CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
 RESUME_YIELDS = 4  # loop turns after a resume for daphne to read what the client sent before reading again
 
 
@@ -33,7 +39,8 @@ RESUME_YIELDS = 4  # loop turns after a resume for daphne to read what the clien
 class FlowControl:
     held = 0  # connections of this process whose client is not keeping up right now (a metric)
 
-    def __init__(self):
+    def __init__(self, protocol=None):
+        self._protocol = protocol
         self._writable = asyncio.Event()
         self._writable.set()
         self._unhandled = 0  # client messages daphne has queued for the application and it has not handled yet
@@ -45,7 +52,8 @@ class FlowControl:
     def attach(cls, protocol):
         """Register a new FlowControl as the producer of `protocol`'s transport. The HTTP channel
         that upgraded the connection registered itself there and no longer writes to it."""
-        flow = cls()
+        flow = cls(protocol)
+        protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
         protocol.transport.unregisterProducer()  # a no-op when none is registered (TCP and TLS alike)
         protocol.transport.registerProducer(flow, True)
         return flow
@@ -65,6 +73,12 @@ class FlowControl:
                 await asyncio.sleep(0)
         while self._unhandled:
             await self._input_handled.wait()
+
+    def closing(self, audio_ahead_s):
+        """The application is about to close: wait for the client's reply to the close frame until it
+        can have played the `audio_ahead_s` seconds it may still have to read, plus the usual wait."""
+        if self._protocol is not None:
+            self._protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S + max(0.0, audio_ahead_s)
 
     # Client messages, from daphne's protocol and from the consumer
     def message_read(self):

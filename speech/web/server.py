@@ -37,9 +37,6 @@ logger = logging.getLogger(__name__)
 # audio the client has not read yet. 64 KiB (+ Twisted's 64 KiB) is about 2.7 s of 24 kHz audio and
 # still 1 GB/s at loopback and 25x real time for 48 kHz at 50 ms round trips.
 SEND_BUFFER_BYTES = 64 * 1024
-# autobahn waits 1 s by default for the client's reply to a close frame, then resets the
-# connection; the reply comes after the client has read what is in flight (above).
-CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class SpeechServer(Server):
@@ -79,7 +76,6 @@ class SpeechServer(Server):
             self.sockets += 1
             self.opened += 1
             scope[SCOPE_KEY] = protocol.speech_flow = FlowControl.attach(protocol)
-            protocol.closeHandshakeTimeout = CLOSE_HANDSHAKE_TIMEOUT_S
             sock = _socket_of(protocol.transport)
             if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
