@@ -1,4 +1,4 @@
-"""speech.stream.pipeline limits: look-ahead (only after the current segment sent its first frame), pending-text
+"""speech.stream.pipeline limits: look-ahead (after the utterance's first frame), pending-text
 accounting and backpressure, driven directly with the recording transport and a FakeEngine."""
 
 from __future__ import annotations
@@ -197,9 +197,9 @@ async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_fr
     one, two, three = pipeline.jobs
     t.writable.set()
     await t.binary()
-    # The first frame is out: now (and only now) the next one may be synthesised.
+    # The first frame is out: now (and only now) the next one may be synthesised. (Once "One." is
+    # sent, "Two." is current and "Three." may start beside it: test_once_audio_flows_...)
     await until(lambda: two.producer is not None)
-    assert three.producer is None
     await t.until("audio.done")
     # Segment 1 is now the one being delivered: its queued work moves to the front of the engine's queue.
     assert pipeline.jobs[0].text == "Two." and pipeline.jobs[0].ticket.current
@@ -208,6 +208,36 @@ async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_fr
     await idle.wait()
     assert [r.text for r in engine.requests] == ["One.", "Two.", "Three."]
     assert len(check_segment_order(t.log)) == 3
+    await guard(pipeline.aclose())
+    assert other_tasks() == set()
+
+
+async def test_once_audio_flows_the_lookahead_starts_with_the_current_segment():
+    engine = GatedEngine()
+    t = Recorder()
+    pipeline, idle = make_pipeline(engine, t)
+    for text in ["One.", "Two.", "Three."]:
+        pipeline.enqueue(text)
+    engine.gate("One.").set()
+    await t.until("audio.done")
+    # "Two." is current and still synthesising (its gate is shut), and the client has had audio:
+    # "Three." is synthesised beside it instead of after its first frame.
+    two, three = pipeline.jobs
+    assert two.ticket.current and not two.started
+    await until(lambda: three.producer is not None)
+    engine.gate("Two.").set()
+    engine.gate("Three.").set()
+    await idle.wait()
+    # A new utterance after the delivery ran dry: its first audio goes first again.
+    for text in ["Four.", "Five."]:
+        pipeline.enqueue(text)
+    await asyncio.sleep(0)
+    four, five = pipeline.jobs
+    assert four.producer is not None and five.producer is None
+    engine.gate("Four.").set()
+    engine.gate("Five.").set()
+    await idle.wait()
+    assert len(check_segment_order(t.log)) == 5
     await guard(pipeline.aclose())
     assert other_tasks() == set()
 

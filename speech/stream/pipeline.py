@@ -109,6 +109,7 @@ class Pipeline:
         self.first_audio_s: float | None = None  # the session's first segment: queued -> first audio frame sent
         self.audio_s_sent = 0.0  # seconds of audio sent in the whole session
         self._first_sent_at: float | None = None  # monotonic time of the session's first audio frame
+        self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
 
     @property
@@ -138,15 +139,17 @@ class Pipeline:
 
     def _start_producers(self) -> None:
         """The segment being delivered is synthesised at the front of the engine's queue; the next
-        one (look-ahead) starts only once the current one's first frame is sent (its first chunk, when
-        audio is sent as a file), so it never delays the current segment's first audio, and waits
-        behind every session's current segments."""
+        one (look-ahead) waits behind every session's current segments. While the client has no
+        audio of this utterance yet, the look-ahead starts only once the current segment's first
+        frame is sent (its first chunk, when audio is sent as a file), so it never delays the first
+        audio; once audio flows, it starts with the current segment, and a fast reader gets two
+        segments synthesised at a time instead of one after the other."""
         for position, job in enumerate(self.jobs):
             if position > LOOKAHEAD:
                 break
             if position == 0:
                 job.ticket.current = True
-            elif not self.jobs[position - 1].started:
+            elif not (self._flowing or self.jobs[position - 1].started):
                 break
             if job.producer is None:
                 self.queued_chars -= len(job.text)
@@ -200,6 +203,7 @@ class Pipeline:
         # Reset here, not in a done-callback: a segment enqueued before such a callback ran would
         # find a finished task in _delivery and never be delivered.
         self._delivery = None
+        self._flowing = False  # the next text is a new utterance: its first audio goes first again
         self.on_idle()
 
     def _announce(self, job: Job) -> None:
@@ -240,6 +244,7 @@ class Pipeline:
             # (the loop's writer runs in the turn after the one above), not when its audio was made:
             # its G2P is Python and would hold the GIL while the loop still has that frame to write.
             await asyncio.sleep(0)
+            self._flowing = True
             self._started(job)
 
     def _stream_encoder(self) -> RawEncoder | None:
@@ -312,6 +317,7 @@ class Pipeline:
         jobs = list(self.jobs)
         self.jobs.clear()
         self.queued_chars = 0
+        self._flowing = False
         tasks = [job.producer for job in jobs if job.producer is not None]
         if self._delivery is not None:
             tasks.append(self._delivery)
