@@ -178,12 +178,16 @@ class GatedEngine(FakeEngine):
             yield chunk
 
 
-async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_frame():
-    engine = GatedEngine()
-    t = Recorder()
+def gated_pipeline(*texts):
+    engine, t = GatedEngine(), Recorder()
     pipeline, idle = make_pipeline(engine, t)
-    for text in ["One.", "Two.", "Three."]:
+    for text in texts:
         pipeline.enqueue(text)
+    return engine, t, pipeline, idle
+
+
+async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_frame():
+    engine, t, pipeline, idle = gated_pipeline("One.", "Two.", "Three.")
     await asyncio.sleep(0)
     assert [job.producer is not None for job in pipeline.jobs] == [True, False, False]
     assert [job.ticket.current for job in pipeline.jobs] == [True, False, False]
@@ -213,11 +217,7 @@ async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_fr
 
 
 async def test_once_audio_flows_the_lookahead_starts_with_the_current_segment():
-    engine = GatedEngine()
-    t = Recorder()
-    pipeline, idle = make_pipeline(engine, t)
-    for text in ["One.", "Two.", "Three."]:
-        pipeline.enqueue(text)
+    engine, t, pipeline, idle = gated_pipeline("One.", "Two.", "Three.")
     engine.gate("One.").set()
     await t.until("audio.done")
     # "Two." is current and still synthesising (its gate is shut), and the client has had audio:
