@@ -26,7 +26,7 @@ from speech.stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SE
 from speech.stream.protocol import resolve_config
 from speech.voices import ReferenceVoice
 
-from .support.audio_samples import good
+from .support.audio_samples import CONTENT_TYPES, good
 from .support.upstream_mock import MockUpstream
 from .support.upstream_standin import Reply, StandIn, error_reply, pcm
 
@@ -159,26 +159,17 @@ async def test_bearer_key_on_speech_and_voice_requests_only_when_set():
 
 # 2. Reference voices
 
-MIMES = {
-    "wav": "audio/wav",
-    "flac": "audio/flac",
-    "mp3": "audio/mpeg",
-    "ogg": "audio/ogg",
-    "m4a": "audio/mp4",
-    "webm": "audio/webm",
-}
-
 
 def reference(container="wav", transcript="This is my voice."):
     return ReferenceVoice(name="alice", audio=good(container, 1.0), container=container, transcript=transcript, language="en")
 
 
-@pytest.mark.parametrize("container", sorted(MIMES))
+@pytest.mark.parametrize("container", sorted(CONTENT_TYPES))
 async def test_reference_voice_travels_as_data_url_with_transcript(mock, engines, container):
     ref = reference(container)
     await audio(engines(mock), req(voice="alice", reference=ref))
     body = mock.requests[0].json
-    prefix = f"data:{MIMES[container]};base64,"
+    prefix = f"data:{CONTENT_TYPES[container]};base64,"
     assert body["ref_audio"].startswith(prefix)
     assert base64.b64decode(body["ref_audio"][len(prefix) :], validate=True) == ref.audio
     assert body["ref_text"] == "This is my voice."

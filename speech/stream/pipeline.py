@@ -107,8 +107,7 @@ class Pipeline:
         self.queued_chars = 0  # text of segments whose synthesis has not started
         self.bytes_sent = 0  # audio bytes of the whole session
         self.first_audio_s: float | None = None  # the session's first segment: queued -> first audio frame sent
-        self.audio_s_sent = 0.0  # seconds of audio sent in the whole session
-        self._first_sent_at: float | None = None  # monotonic time of the session's first audio frame
+        self._played_out_at = 0.0  # monotonic time by which a client playing each frame as it comes has played all
         self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
 
@@ -118,11 +117,9 @@ class Pipeline:
         return bool(self.jobs)
 
     def audio_ahead_s(self) -> float:
-        """Seconds of audio sent that a client playing it at real time from its first frame on has
-        not played yet (what it may still have to read)."""
-        if self._first_sent_at is None:
-            return 0.0
-        return max(0.0, self.audio_s_sent - (time.monotonic() - self._first_sent_at))
+        """Seconds of audio sent that a client playing each frame at real time from its arrival (and
+        waiting through pauses) has not played yet: what it may still have to read."""
+        return max(0.0, self._played_out_at - time.monotonic())
 
     @property
     def total_sentences(self) -> int:
@@ -231,10 +228,10 @@ class Pipeline:
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
         metrics.audio_sent(len(data), seconds)
-        self.audio_s_sent += seconds
+        now = time.monotonic()
+        self._played_out_at = max(self._played_out_at, now) + seconds
         if self.first_audio_s is None:
-            self._first_sent_at = time.monotonic()
-            self.first_audio_s = self._first_sent_at - job.queued_at
+            self.first_audio_s = now - job.queued_at
             metrics.TTFA.observe(self.first_audio_s)
         # Let the loop run: the server writes this frame to the socket now instead of after the
         # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
