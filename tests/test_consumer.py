@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from speech.engines.fake import FakeEngine
+from speech.web.admission import Admission
 from speech.web.flowcontrol import SCOPE_KEY, FlowControl
 
 from .support.communicator import HANG_GUARD_S, PATH, application, event, output, send
@@ -277,6 +278,7 @@ async def test_no_task_left_after_disconnect():
     await send(comm, {"type": "input.text", "text": "Hello there. "})
     await event(comm, "audio.start")
     await comm.disconnect()
+    await Admission.settle()  # the session's end goes to the registry, then it leaves its group
     current = asyncio.current_task()
     assert {t for t in asyncio.all_tasks() if t is not current and not t.done()} == set()
     assert engine.running == 0

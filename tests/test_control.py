@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
+from speech.control import registry
 from speech.control import signals as control
 from speech.control.layer import SpeechChannelLayer
 from speech.control.slots import RedisSlots
 from speech.engines.fake import FakeEngine
+from speech.models import SessionRecord
 from speech.stream.session import (
     OUTCOME_COMPLETED,
     OUTCOME_DISCONNECTED,
@@ -37,6 +41,7 @@ from speech.stream.session import (
     OUTCOME_TERMINATED,
     TERMINATED_MESSAGE,
 )
+from speech.web.admission import Admission
 
 from .conftest import CHUNK_BYTES, limits, other_tasks
 from .support.communicator import HANG_GUARD_S, PATH, application, event, send
@@ -141,6 +146,26 @@ async def test_connections_from_before_a_restart_are_closed_when_redis_answers_a
     assert [private_redis.group_members(sid, db=7) for sid in sids] == [1] * 8
 
 
+async def test_memberships_asked_for_together_go_to_redis_together(layers, private_redis):
+    """20 handshakes at once join their groups in one round trip on one connection (the stock layer took
+    20 connections from its pool and made 40 round trips), and a join and a leave in one batch keep their
+    order."""
+    a = layers()
+    a.start()
+    await eventually(lambda: private_redis.has_key(f"speech:instance:{control.instance_id()}", db=7), "the first heartbeat")
+    redis = private_redis.client()
+    before = redis.info("stats")["total_connections_received"]
+    sids = [new_id() for _ in range(20)]
+    channels = [await a.new_channel() for _ in sids]
+    await asyncio.gather(*(a.group_add(control.group(sid), channel) for sid, channel in zip(sids, channels)))
+    assert redis.info("stats")["total_connections_received"] - before <= 1
+    assert [private_redis.group_members(sid, db=7) for sid in sids] == [1] * 20
+    gone = new_id()
+    channel = await a.new_channel()
+    await asyncio.gather(a.group_add(control.group(gone), channel), a.group_discard(control.group(gone), channel))
+    assert private_redis.group_members(gone, db=7) == 0 and control.group(gone) not in a.memberships
+
+
 async def test_a_join_while_redis_is_away_returns_at_once_and_happens_when_it_is_back(layers, private_redis):
     a = layers()
     receiving = asyncio.ensure_future(a.receive(await a.new_channel()))  # what a consumer does first
@@ -211,7 +236,30 @@ async def test_the_consumer_joins_its_group_takes_signals_through_dispatch_and_l
     closed = await comm.receive_output(HANG_GUARD_S)
     assert closed == {"type": "websocket.close", "code": 4001, "reason": ""} or closed["code"] == 4001
     await comm.disconnect()
+    await Admission.settle()  # the session's end goes to the registry, then it leaves its group
     assert not await control.has_members(sid)
+    assert (await database_sync_to_async(SessionRecord.objects.get)(session_id=sid)).status == "terminated"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_ended_session_leaves_its_group_only_once_its_end_is_in_the_registry(monkeypatch):
+    """So that from the moment it has left, the registry says it is over (404) rather than live but
+    unreachable (503); a signal sent before then still finds the consumer and does nothing."""
+    gate, write_batch = threading.Event(), registry.write_batch
+    monkeypatch.setattr(registry, "write_batch", lambda writes: gate.wait(HANG_GUARD_S) and write_batch(writes))
+    comm = WebsocketCommunicator(application(FakeEngine()), PATH)
+    assert (await comm.connect(HANG_GUARD_S))[0]
+    await send(comm, {"type": "session.config", "session": {"stream_audio": True}})
+    sid = (await event(comm, "session.configured"))["session_id"]
+    await comm.disconnect()
+    try:
+        assert await control.has_members(sid)  # its end is not written yet
+        await control.send(control.TERMINATE, sid)
+    finally:
+        gate.set()
+    await Admission.settle()
+    assert not await control.has_members(sid)
+    assert (await database_sync_to_async(SessionRecord.objects.get)(session_id=sid)).status == SessionRecord.Status.DISCONNECTED
 
 
 # -- SpeechSession.handle_signal ----------------------------------------------------------------------------

