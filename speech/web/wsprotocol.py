@@ -1,6 +1,6 @@
 """daphne's WebSocket protocol, as speech/web/server.py runs it: large frames are metered against the
 process's memory budget (speech/web/budget.py) from their header on, before their payload is read, and
-the frames a client waits on go out at once instead of at the reactor's next turn."""
+what it sends goes straight to the socket when nothing is waiting before it (write_through)."""
 
 import json
 import logging
@@ -44,25 +44,20 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         self.failedByMe = True
 
     speech_tcp = None  # the TCP transport under the connection (TLS wraps it), set by speech/web/server.py
-    _event_sent = False  # a text frame went out since the last binary frame
 
-    def handle_reply(self, message):
-        """daphne writes each frame the application sends to the transport, which sends it at the
-        reactor's next turn, after every callback already due in this one. When several sessions are
-        due together (handshakes arriving at once, sessions whose audio is ready), each one's frames
-        then wait for all the others' work. The frames a client waits on are sent at once: events,
-        and the first audio frame after an event (an utterance's first audio). Audio frames after it
-        still go out together, one write per turn."""
-        super().handle_reply(message)
-        if message["type"] != "websocket.send":
-            return
-        if message.get("text") is not None:
-            self._event_sent = True
-        elif not self._event_sent:
-            return
-        else:
-            self._event_sent = False
-        send_now(self.speech_tcp)
+    def sendData(self, data, sync=False, chopsize=None):
+        """Every frame (and the handshake and close) goes straight to the socket when nothing is waiting
+        before it; only what the socket does not take is left to Twisted (speech.web.wsprotocol.write_through)."""
+        tcp = self.speech_tcp
+        direct = tcp is self.transport and tcp is not None and not self.logOctets  # autobahn's octet log: debugging only
+        if direct and not sync and not chopsize and not self.send_queue:
+            rest = write_through(tcp, data)
+            if self.state == self.STATE_OPEN:
+                self.trafficStats.outgoingOctetsWireLevel += len(data) - len(rest)
+            if not rest:
+                return
+            data = rest
+        super().sendData(data, sync, chopsize)
 
     speech_flow = None  # the connection's FlowControl (speech/web/server.py), told of every message queued
 
@@ -100,11 +95,21 @@ def tcp_transport(transport):
     return None
 
 
-def send_now(tcp):
-    """Write what a TCP transport holds to its socket now, as the reactor would at its next turn.
+def write_through(tcp, data):
+    """Send `data` on a TCP transport's socket now if the transport holds nothing to send before it, and
+    return what the socket did not take (the caller gives that to the transport, as usual).
 
-    A failed write leaves the data buffered and the transport waiting to write, so the reactor's next
-    attempt meets the same failure and ends the connection as usual. A transport that is closing is
-    left to the reactor, which finishes the close once everything is written."""
-    if tcp is not None and tcp.connected and not tcp.disconnecting:
-        tcp.doWrite()
+    Twisted's `write` buffers and registers the transport with the reactor, which sends at its next turn,
+    after every callback already due (with 20 handshakes arriving at once, each answer waited for all 20),
+    and then unregisters it: two epoll changes and their bookkeeping for every frame, a quarter of the
+    event loop's time when it streams audio (bench/throughput.py). Backpressure is unchanged: data that
+    the socket does not take fills Twisted's buffer, which pauses the connection's producer as before.
+    A transport that is closing, or that failed (a send error leaves the data to the transport, whose
+    own attempt then meets the error and ends the connection), is left to the reactor."""
+    if not tcp.connected or tcp.disconnecting or tcp._tempDataLen or len(tcp.dataBuffer) > tcp.offset:
+        return data
+    try:
+        sent = tcp.socket.send(data)
+    except OSError:  # the socket is full (EAGAIN) or the connection failed: the transport takes it all
+        return data
+    return data[sent:]
