@@ -121,7 +121,8 @@ class Admission:
     @classmethod
     async def settle(cls):
         """Server shutdown: wait until every ended session has recorded its end and left its group."""
-        await asyncio.gather(*cls._leaving, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(task for task in cls._leaving if task.get_loop() is loop), return_exceptions=True)
 
     async def _leave(self, session, registering, group):
         if registering is not None:
