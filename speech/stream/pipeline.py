@@ -233,14 +233,12 @@ class Pipeline:
         if self.first_audio_s is None:
             self.first_audio_s = now - job.queued_at
             metrics.TTFA.observe(self.first_audio_s)
-        # Let the loop run: the server writes this frame to the socket now instead of after the
-        # whole chunk, and a cancel arriving meanwhile is handled before the next frame.
+        # Let the loop run: a cancel that arrived meanwhile is read and handled before the next frame.
         await asyncio.sleep(0)
         if first:
             # The next segment's synthesis starts once this segment's first frame is in the socket
-            # (the loop's writer runs in the turn after the one above), not when its audio was made:
-            # its G2P is Python and would hold the GIL while the loop still has that frame to write.
-            await asyncio.sleep(0)
+            # (speech/web/wsprotocol.py writes it through at once), not when its audio was made: its
+            # G2P is Python and would hold the GIL while the loop still had that frame to write.
             self._flowing = True
             self._started(job)
 
