@@ -25,16 +25,16 @@ def opened(session_id, *, voice, engine, api_key=None):
     SessionRecord.objects.create(session_id=session_id, instance=instance_id(), api_key=api_key, voice=voice, engine=engine)
 
 
-def closed(session_id, *, status, segments, bytes_sent, first_audio_s, ended_at=None):
+def closed(session_id, *, status, segments, bytes_sent, first_audio_s):
     _record_ends(
         [
             {
                 "session_id": session_id,
+                "ended_at": timezone.now(),
                 "status": status,
                 "segments": segments,
                 "bytes_sent": bytes_sent,
                 "first_audio_s": first_audio_s,
-                "ended_at": ended_at or timezone.now(),
             }
         ]
     )
@@ -43,17 +43,17 @@ def closed(session_id, *, status, segments, bytes_sent, first_audio_s, ended_at=
 ENDED_FIELDS = ("status", "ended_at", "segments", "bytes_sent", "first_audio_ms")
 
 
-def _first_audio_ms(first_audio_s):
-    return None if first_audio_s is None else round(first_audio_s * 1000, 2)
+def _ended(end):
+    """The row's values for an end (a dict of `closed`'s arguments and `ended_at`), by ENDED_FIELDS."""
+    first_audio_s = end["first_audio_s"]
+    first_audio_ms = None if first_audio_s is None else round(first_audio_s * 1000, 2)
+    return (end["status"], end["ended_at"], end["segments"], end["bytes_sent"], first_audio_ms)
 
 
 def apply_end(record, end):
-    """An end (a dict of `closed`'s arguments) on a row not written yet."""
-    record.status = end["status"]
-    record.ended_at = end["ended_at"]
-    record.segments = end["segments"]
-    record.bytes_sent = end["bytes_sent"]
-    record.first_audio_ms = _first_audio_ms(end["first_audio_s"])
+    """An end on a row not written yet."""
+    for field, value in zip(ENDED_FIELDS, _ended(end)):
+        setattr(record, field, value)
 
 
 def _record_ends(ends):
@@ -67,17 +67,10 @@ def _record_ends(ends):
 
     assignments = ", ".join(f"{column(name)} = %s" for name in ENDED_FIELDS)
     sql = f"UPDATE {ops.quote_name(meta.db_table)} SET {assignments} WHERE {column('session_id')} = %s"
-    rows = [
-        (
-            end["status"],
-            ops.adapt_datetimefield_value(end["ended_at"]),
-            end["segments"],
-            end["bytes_sent"],
-            _first_audio_ms(end["first_audio_s"]),
-            end["session_id"],
-        )
-        for end in ends
-    ]
+    rows = []
+    for end in ends:
+        status, ended_at, segments, bytes_sent, first_audio_ms = _ended(end)
+        rows.append((status, ops.adapt_datetimefield_value(ended_at), segments, bytes_sent, first_audio_ms, end["session_id"]))
     with connection.cursor() as cursor:
         cursor.executemany(sql, rows)
 

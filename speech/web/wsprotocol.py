@@ -49,7 +49,7 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         """Every frame (and the handshake and close) goes straight to the socket when nothing is waiting
         before it; only what the socket does not take is left to Twisted (speech.web.wsprotocol.write_through)."""
         tcp = self.speech_tcp
-        direct = tcp is self.transport and tcp is not None and not self.logOctets  # autobahn's octet log: debugging only
+        direct = tcp is not None and tcp is self.transport and not self.logOctets  # autobahn's octet log: debugging only
         if direct and not sync and not chopsize and not self.send_queue:
             rest = write_through(tcp, data)
             if self.state == self.STATE_OPEN:
