@@ -284,6 +284,26 @@ async def test_no_task_left_after_disconnect():
     assert engine.running == 0
 
 
+async def test_a_session_makes_no_database_thread_hop(monkeypatch):
+    """No ORM work on the path of a keyless session: not per message (dispatch), and not at the
+    disconnect, where Channels' own consumer closes stale connections in its database thread."""
+    import channels.consumer
+    import channels.generic.websocket
+
+    hops = []
+
+    async def counted():
+        hops.append(1)
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", counted)
+    monkeypatch.setattr(channels.generic.websocket, "aclose_old_connections", counted)
+    comm, _ = await connected(FakeEngine(), stream_audio=True)
+    await send(comm, {"type": "input.done"})
+    await event(comm, "session.done")
+    await comm.disconnect()
+    assert hops == []
+
+
 async def test_server_shutdown_terminates_the_session():
     engine = FakeEngine(chunks=3, hold=True)
     comm, _ = await connected(engine, stream_audio=True)

@@ -11,6 +11,7 @@ import json
 
 from autobahn.exception import Disconnected
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import voices
@@ -78,6 +79,14 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             await self.session.receive_text(text_data)
         else:
             await self.session.receive_bytes(bytes_data)
+
+    async def websocket_disconnect(self, message):
+        # Channels' version also discards `self.groups` (empty: Admission owns the session's group)
+        # and runs close_old_connections in the shared database thread, a thread hop for every
+        # session; this consumer's only ORM work goes through database_sync_to_async, which closes
+        # stale connections itself.
+        await self.disconnect(message["code"])
+        raise StopConsumer()
 
     async def disconnect(self, code):
         self._open = False

@@ -1,13 +1,18 @@
 """daphne's WebSocket protocol, as speech/web/server.py runs it: large frames are metered against the
-process's memory budget (speech/web/budget.py) from their header on, before their payload is read, and
-what it sends goes straight to the socket when nothing is waiting before it (write_through)."""
+process's memory budget (speech/web/budget.py) from their header on, before their payload is read,
+what it sends goes straight to the socket when nothing is waiting before it (write_through), and
+autobahn's debug log lines cost nothing while debug logging is off (LogArgument)."""
 
+import functools
 import json
 import logging
+import pprint
 import socket
 import sys
 import time
 
+from autobahn.twisted import websocket as autobahn_twisted
+from autobahn.websocket import protocol as autobahn_protocol
 from daphne.ws_protocol import WebSocketProtocol
 
 from .budget import frame_cost, get_budget, over_budget_error
@@ -113,3 +118,36 @@ def write_through(tcp, data):
     except OSError:  # the socket is full (EAGAIN) or the connection failed: the transport takes it all
         return data
     return data[sent:]
+
+
+class LogArgument:
+    """An argument of one of autobahn's debug log lines, formatted only when the line is rendered.
+
+    autobahn builds these arguments before it calls `log.debug`, which txaio has made a no-op at any
+    level above debug: a `pformat` of its 29 settings for every new connection, and names coloured
+    with click for every read. That was an eighth of the event loop's work for a session's handshake
+    (`cProfile` of `manage.py serve`, 500 sessions). Wrapped in this, the work happens only if a log
+    observer formats the line, and the text is the same."""
+
+    __slots__ = ("_format", "_args")
+
+    def __init__(self, format, *args):
+        self._format = format
+        self._args = args
+
+    def __str__(self):
+        return str(self._format(*self._args))
+
+    __repr__ = __str__
+
+
+def _defer_debug_arguments():
+    """Every use of these names in the two autobahn modules daphne runs is an argument of a debug log
+    line, except `Timings.__str__`'s pformat, which is given back its eager one."""
+    for module, names in ((autobahn_protocol, ("pformat", "hltype", "hlval")), (autobahn_twisted, ("hltype", "hlval"))):
+        for name in names:
+            setattr(module, name, functools.partial(LogArgument, getattr(module, name)))
+    autobahn_protocol.Timings.__str__ = lambda timings: pprint.pformat(timings._timings)
+
+
+_defer_debug_arguments()
