@@ -245,6 +245,27 @@ def test_the_objects_of_the_started_application_are_left_out_of_garbage_collecti
         gc.unfreeze()
 
 
+def test_the_event_loop_waits_at_most_half_a_millisecond_for_the_gil(monkeypatch):
+    """A synthesis thread in Python (G2P) or the registry's writer holds the GIL for up to the switch
+    interval while the event loop waits for it: the server shortens it from Python's 5 ms."""
+    import gc
+    import sys
+
+    from daphne.server import Server
+
+    from speech.web import server as module
+
+    served = []
+    monkeypatch.setattr(Server, "run", lambda self: served.append(sys.getswitchinterval()))
+    default = sys.getswitchinterval()
+    try:
+        module.SpeechServer.__new__(module.SpeechServer).run()
+        assert served == [0.0005]
+    finally:
+        sys.setswitchinterval(default)
+        gc.unfreeze()
+
+
 def test_default_budget_takes_one_largest_config():
     assert FRAME_COST_FACTOR * 16 * MIB <= 64 * MIB < 2 * FRAME_COST_FACTOR * 16 * MIB
     assert len(large_config(CONFIG_BYTES).encode()) == CONFIG_BYTES

@@ -19,6 +19,7 @@ import asyncio
 import gc
 import logging
 import socket
+import sys
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
@@ -40,6 +41,13 @@ logger = logging.getLogger(__name__)
 # still 1 GB/s at loopback and 25x real time for 48 kHz at 50 ms round trips.
 SEND_BUFFER_BYTES = 64 * 1024
 
+# How long a thread that wants the GIL waits before the thread holding it must let go (Python's
+# default: 5 ms). A handshake or a frame that arrives while a synthesis thread runs Python (G2P) or
+# the registry's writer builds its batch waited up to that long. At 0.5 ms: session.configured p50
+# 1.3-1.45 -> 0.9 ms and p99 4.3-5.4 -> 3.5-4.0 ms with channels-redis (bench/handshake.py, two
+# runs each), aggregate throughput at C = 4 and 8 no lower (bench/throughput.py).
+GIL_SWITCH_INTERVAL_S = 0.0005
+
 
 class SpeechServer(Server):
     def run(self):
@@ -47,8 +55,11 @@ class SpeechServer(Server):
         # as long as the process. A full collection of the garbage collector walks them all, 40-60 ms
         # with the event loop stopped (bench/handshake.py saw ~100 ms handshakes every few seconds);
         # frozen, they are left out of every collection.
+        # The event loop shares the GIL with the synthesis threads (G2P and numpy between onnxruntime
+        # calls) and the registry's writer: see GIL_SWITCH_INTERVAL_S.
         gc.collect()
         gc.freeze()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         super().run()
 
     @property
