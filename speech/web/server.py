@@ -45,7 +45,9 @@ SEND_BUFFER_BYTES = 64 * 1024
 # default: 5 ms). A handshake or a frame that arrives while a synthesis thread runs Python (G2P) or
 # the registry's writer builds its batch waited up to that long. At 0.5 ms: session.configured p50
 # 1.3-1.45 -> 0.9 ms and p99 4.3-5.4 -> 3.5-4.0 ms with channels-redis (bench/handshake.py, two
-# runs each), aggregate throughput at C = 4 and 8 no lower (bench/throughput.py).
+# runs each); aggregate throughput and first audio per session at C = 4 and 8 unchanged (14
+# interleaved rounds of bench/throughput.py's paragraph: 0.87 / 0.97 of the engine and 1.10x / 1.17x
+# at 5 ms, 0.87 / 0.97 and 1.10x / 1.17x at 0.5 ms).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
