@@ -129,14 +129,14 @@ class LogArgument:
     (`cProfile` of `manage.py serve`, 500 sessions). Wrapped in this, the work happens only if a log
     observer formats the line, and the text is the same."""
 
-    __slots__ = ("_format", "_args")
+    __slots__ = ("_formatter", "_args")
 
-    def __init__(self, format, *args):
-        self._format = format
+    def __init__(self, formatter, *args):
+        self._formatter = formatter
         self._args = args
 
     def __str__(self):
-        return str(self._format(*self._args))
+        return str(self._formatter(*self._args))
 
     __repr__ = __str__
 
