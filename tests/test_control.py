@@ -180,6 +180,42 @@ async def test_a_join_while_redis_is_away_returns_at_once_and_happens_when_it_is
     await asyncio.gather(receiving, return_exceptions=True)
 
 
+async def test_a_cancelled_receive_ends_even_when_redis_py_loses_the_cancellation(layers, monkeypatch):
+    """redis-py can turn a cancellation into a timeout that it retries, or into no message: the stock
+    receive loop then polls BZPOPMIN for ever, and the consumer whose receive it was never ended (seen
+    once in a full run, right after Redis came back)."""
+    from channels_redis.core import RedisChannelLayer
+
+    original = RedisChannelLayer._brpop_with_clean
+    inside, swallowed = asyncio.Event(), []
+
+    async def losing_the_cancellation(self, index, channel, timeout):
+        inside.set()
+        try:
+            return await original(self, index, channel, timeout)
+        except asyncio.CancelledError:
+            swallowed.append(channel)
+            return None  # as if BZPOPMIN had timed out
+
+    monkeypatch.setattr(RedisChannelLayer, "_brpop_with_clean", losing_the_cancellation)
+    a = layers()
+    receiving = asyncio.ensure_future(a.receive(await a.new_channel()))
+    await asyncio.wait_for(inside.wait(), HANG_GUARD_S)
+    await asyncio.sleep(0)  # inside redis-py now, waiting for Redis's answer
+    receiving.cancel()
+    try:
+        await asyncio.wait({receiving}, timeout=HANG_GUARD_S)  # a hang guard that does not cancel again
+        assert swallowed, "the cancellation did not land inside redis-py"
+        assert receiving.done() and receiving.cancelled()
+    finally:
+        monkeypatch.undo()  # a receive left running ends at a cancellation that lands in the stock code
+        for _ in range(3):
+            if receiving.done():
+                break
+            receiving.cancel()
+            await asyncio.wait({receiving}, timeout=HANG_GUARD_S)
+
+
 async def test_send_and_liveness_with_redis_away_raise_signals_unavailable(private_redis):
     config = {"default": {"BACKEND": "speech.control.layer.SpeechChannelLayer", "CONFIG": {"hosts": [private_redis.url(7)]}}}
     with override_settings(CHANNEL_LAYERS=config):

@@ -10,7 +10,8 @@ What the stock core layer does badly, and this subclass changes:
 
 * `receive` raises when Redis fails, and Channels' consumer `__call__` runs it inside
   `await_many_dispatch`, so one outage kills every consumer on the instance. Here `receive` never
-  raises a Redis error: it waits until Redis answers again, then receives as before.
+  raises a Redis error: it waits until Redis answers again, then receives as before. And a cancelled
+  `receive` always ends, even when redis-py lost the cancellation on its way (`_brpop_with_clean`).
 * Redis restarted empty (or failed over to an empty replica) forgets every group. Here each process
   remembers its own memberships and joins them again as soon as it sees Redis lost its state.
 * Joining a group while Redis is away would fail the handshake. Here the membership is remembered and
@@ -42,6 +43,14 @@ BEAT_KEEP_S = 7 * 24 * 3600  # a timestamp kept for days: a missing one means "u
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
 CONNECT_TIMEOUT_S = 1.0
 JOIN, LEAVE = "join", "leave"
+
+
+def _raise_if_cancelled(cause=None):
+    """Raise CancelledError if the running task has been asked to cancel and the request was lost on the
+    way (redis-py turned it into a Redis error, or into a normal return)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from cause
 
 
 class SpeechChannelLayer(RedisChannelLayer):
@@ -77,7 +86,23 @@ class SpeechChannelLayer(RedisChannelLayer):
             try:
                 return await super().receive(channel)
             except REDIS_ERRORS as exc:
+                _raise_if_cancelled(exc)
                 self._lost(exc)
+
+    async def _brpop_with_clean(self, index, channel, timeout):
+        """One BZPOPMIN of the stock receive loop, which tries again for as long as nothing arrives. A
+        cancellation that lands inside redis-py can come out of it as a timeout that redis-py retries,
+        or as no message at all: the loop then never ends, and neither did a consumer's disconnect
+        (seen once in a full test run: a `receive` cancelled right after Redis came back). So a pending
+        cancellation ends it here. A message popped meanwhile stays in the channel's backup queue, which
+        the next receive on that channel puts back."""
+        try:
+            member = await super()._brpop_with_clean(index, channel, timeout)
+        except REDIS_ERRORS as exc:
+            _raise_if_cancelled(exc)
+            raise
+        _raise_if_cancelled()
+        return member
 
     async def _clean_receive_backup(self, index, channel):
         """The stock layer runs this cleaner as a task nobody awaits, so a Redis error in it would end
