@@ -562,13 +562,16 @@ def test_a_row_written_while_a_signal_is_checked_does_not_make_a_live_session_40
 @pytest.mark.django_db(transaction=True)
 def test_a_session_with_an_ended_row_is_404_whatever_its_group_says(client, media):
     """A crash can leave a group entry behind; the ended row is the answer."""
+    from django.utils import timezone
+
     from speech.control import registry
     from speech.models import SessionRecord
 
     sid = "speech_ws_" + "b" * 32
     _member_of(sid)
     registry.opened(sid, voice="fake", engine="fake")
-    registry.closed(sid, status=SessionRecord.Status.COMPLETED, segments=1, bytes_sent=10, first_audio_s=0.05)
+    end = {"status": SessionRecord.Status.COMPLETED, "segments": 1, "bytes_sent": 10, "first_audio_s": 0.05}
+    assert registry.write_batch([{"session_id": sid, "ended_at": timezone.now(), **end}]) == [None]
     error = assert_envelope(client.delete(f"/v1/audio/speech/sessions/{sid}"), 404, type_="not_found_error")
     assert sid in error["message"]
 

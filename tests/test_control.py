@@ -200,8 +200,7 @@ async def test_a_cancelled_receive_ends_even_when_redis_py_loses_the_cancellatio
     monkeypatch.setattr(RedisChannelLayer, "_brpop_with_clean", losing_the_cancellation)
     a = layers()
     receiving = asyncio.ensure_future(a.receive(await a.new_channel()))
-    await asyncio.wait_for(inside.wait(), HANG_GUARD_S)
-    await asyncio.sleep(0)  # inside redis-py now, waiting for Redis's answer
+    await asyncio.wait_for(inside.wait(), HANG_GUARD_S)  # the receive is suspended inside redis-py now
     receiving.cancel()
     try:
         await asyncio.wait({receiving}, timeout=HANG_GUARD_S)  # a hang guard that does not cancel again

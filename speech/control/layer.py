@@ -86,16 +86,15 @@ class SpeechChannelLayer(RedisChannelLayer):
             try:
                 return await super().receive(channel)
             except REDIS_ERRORS as exc:
-                _raise_if_cancelled(exc)
                 self._lost(exc)
 
     async def _brpop_with_clean(self, index, channel, timeout):
-        """One BZPOPMIN of the stock receive loop, which tries again for as long as nothing arrives. A
-        cancellation that lands inside redis-py can come out of it as a timeout that redis-py retries,
-        or as no message at all: the loop then never ends, and neither did a consumer's disconnect
-        (seen once in a full test run: a `receive` cancelled right after Redis came back). So a pending
-        cancellation ends it here. A message popped meanwhile stays in the channel's backup queue, which
-        the next receive on that channel puts back."""
+        """One BZPOPMIN of the stock receive loop (every Redis call of `receive` goes through here), which
+        tries again for as long as nothing arrives. A cancellation that lands inside redis-py can come out
+        of it as a timeout that redis-py retries, or as no message at all: the loop then never ends, and
+        neither did a consumer's disconnect (seen once in a full test run: a `receive` cancelled right
+        after Redis came back). So a pending cancellation ends it here. A message popped meanwhile stays
+        in the channel's backup queue, which the next receive on that channel puts back."""
         try:
             member = await super()._brpop_with_clean(index, channel, timeout)
         except REDIS_ERRORS as exc:

@@ -25,26 +25,12 @@ def opened(session_id, *, voice, engine, api_key=None):
     SessionRecord.objects.create(session_id=session_id, instance=instance_id(), api_key=api_key, voice=voice, engine=engine)
 
 
-def closed(session_id, *, status, segments, bytes_sent, first_audio_s):
-    _record_ends(
-        [
-            {
-                "session_id": session_id,
-                "ended_at": timezone.now(),
-                "status": status,
-                "segments": segments,
-                "bytes_sent": bytes_sent,
-                "first_audio_s": first_audio_s,
-            }
-        ]
-    )
-
-
 ENDED_FIELDS = ("status", "ended_at", "segments", "bytes_sent", "first_audio_ms")
 
 
 def _ended(end):
-    """The row's values for an end (a dict of `closed`'s arguments and `ended_at`), by ENDED_FIELDS."""
+    """The row's values for an end (a dict of RegistryWriter.closed's arguments and `ended_at`), by
+    ENDED_FIELDS."""
     first_audio_s = end["first_audio_s"]
     first_audio_ms = None if first_audio_s is None else round(first_audio_s * 1000, 2)
     return (end["status"], end["ended_at"], end["segments"], end["bytes_sent"], first_audio_ms)
@@ -76,7 +62,7 @@ def _record_ends(ends):
 
 
 def write_batch(writes):
-    """Registry writes (new rows as SessionRecords, ends as dicts of `closed`'s arguments) in one
+    """Registry writes (new rows as SessionRecords, ends as dicts made by RegistryWriter.closed) in one
     transaction: the new rows in one INSERT, then the ends. Returns each write's exception, or None, in
     order: if the batch fails, its writes are tried one by one, so a bad write fails alone."""
     try:
