@@ -12,7 +12,10 @@ Parts (each can be run alone with --only):
   second (server / engine), the paragraph's first and last audio at C = 1 against the engine's
   own first chunk and last chunk (SOLO_PAIRS adjacent server/engine runs per round, the median of
   the differences within each pair), and first audio per session at C = 4 and 8 against the
-  engine's first chunk under the same concurrency.
+  engine's first chunk under the same concurrency. Where the difference goes: CPU per audio second
+  of the server's event loop (its main thread), its other threads (synthesis), the client (this
+  process in server rounds) and the raw engine (this process in engine rounds), and the share of
+  the machine left idle, from /proc over the same rounds.
 (The handshake's latency is bench/handshake.py's.)
 * delivery: the cost of delivery alone: SPEECH_ENGINE=fake (audio as long as speech, made
   instantly), daphne pinned to one core, N sessions at once each reading at real time like a
@@ -100,6 +103,52 @@ async def engine_round(engine, texts, c):
     return results, sum(r[2] for r in results) / max(r[1] for r in results)
 
 
+# -- where the CPU goes ----------------------------------------------------------------------------
+
+
+def thread_cpu(pid):
+    """CPU seconds of each thread of `pid`, by thread id (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
+def machine_times():
+    """(idle, total) CPU seconds of the whole machine since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (fields[3] + fields[4]) / ticks, sum(fields) / ticks
+
+
+class CpuMeter:
+    """CPU of one round: the server's event loop (main thread) and other threads, this process, the
+    machine's idle share."""
+
+    def __init__(self, server_pid):
+        self.pid = server_pid
+        self.server = thread_cpu(server_pid)
+        self.own = time.process_time()
+        self.machine = machine_times()
+
+    def read(self):
+        server = thread_cpu(self.pid)
+        spent = {tid: server[tid] - self.server.get(tid, 0.0) for tid in server}
+        idle, total = (now - then for now, then in zip(machine_times(), self.machine, strict=True))
+        loop = spent.pop(self.pid, 0.0)
+        return {
+            "loop": loop,
+            "threads": sum(spent.values()),
+            "own": time.process_time() - self.own,
+            "idle": idle / total if total else float("nan"),
+        }
+
+
 # -- the server ------------------------------------------------------------------------------------
 
 
@@ -144,6 +193,7 @@ async def paragraph_part(args, lines):
     data = {
         c: {"server": [], "engine": [], "pair": [], "s_first": [], "e_first": [], "s_last": [], "e_last": []} for c in CONCURRENCY
     }
+    cpu = {c: {"s": [], "e": []} for c in CONCURRENCY}  # (CpuMeter reading, audio seconds) of each round
     with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
         for c in CONCURRENCY:  # warm both sides at every concurrency
             await server_round(server.ws_url, c)
@@ -155,11 +205,13 @@ async def paragraph_part(args, lines):
                     order = ("server", "engine") if (r + k) % 2 == 0 else ("engine", "server")
                     pair, rates = {}, {}
                     for side in order:
+                        meter = CpuMeter(server.proc.pid)
                         if side == "server":
                             results, rate = await server_round(server.ws_url, c)
                         else:
                             results, rate = await engine_round(engine, texts, c)
                         key = side[0]
+                        cpu[c][key].append((meter.read(), sum(r[2] for r in results)))
                         pair[key], rates[key] = results[0], rate
                         data[c][side].append(rate)
                         data[c][f"{key}_first"] += [x[0] * 1000 for x in results]
@@ -199,7 +251,30 @@ async def paragraph_part(args, lines):
         "* server / engine is the ratio of the medians; the pairs column is the spread of the ratio of each "
         "server round to the engine round next to it (the machine's speed drifts between rounds).",
         "* Targets: server / engine >= 0.95 at every C; first audio per session at C = 4, 8 at most 1.1x.",
+        "",
+        "Where the CPU goes, in ms of CPU per audio second over the same rounds (server rounds: the server's "
+        "event loop, its other threads, i.e. synthesis, and the client; engine rounds: this process, i.e. the "
+        "engine's threads and its event loop), and the share of the machine's CPU time left idle:",
+        "",
+        "| C | server: event loop | server: other threads | client | server + client | engine | "
+        "(server + client) / engine | idle, server / engine rounds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    for c in CONCURRENCY:
+        per = {key: cpu_per_audio_s(cpu[c][key]) for key in ("s", "e")}
+        served = per["s"]["loop"] + per["s"]["threads"] + per["s"]["own"]
+        lines.append(
+            f"| {c} | {per['s']['loop']:.2f} | {per['s']['threads']:.2f} | {per['s']['own']:.2f} | {served:.2f} | "
+            f"{per['e']['own']:.2f} | {served / per['e']['own']:.3f} | "
+            f"{per['s']['idle'] * 100:.1f} % / {per['e']['idle'] * 100:.1f} % |"
+        )
+
+
+def cpu_per_audio_s(rounds):
+    """Each CPU figure of the rounds, summed, in ms per audio second; idle as the median share."""
+    audio = sum(seconds for _, seconds in rounds)
+    totals = {key: sum(reading[key] for reading, _ in rounds) * 1000 / audio for key in ("loop", "threads", "own")}
+    return totals | {"idle": float(np.median([reading["idle"] for reading, _ in rounds]))}
 
 
 # -- delivery cost ---------------------------------------------------------------------------------
@@ -271,7 +346,9 @@ def cpu_seconds(pid):
 
 
 async def stalled_client(url, keepalive, stop):
-    ws = await open_session(url, max_queue=1)
+    # No keep-alive pings from this side: a client that never reads never sees the pong, and websockets
+    # would close the connection (1011) after ping_interval + ping_timeout, 40 s, i.e. as the stall ends.
+    ws = await open_session(url, max_queue=1, ping_interval=None)
     ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
     await ws.send(json.dumps({"type": "session.config", "session": {"stream_audio": True}}))
     text = " ".join(f"This is sentence number {k} of a long answer that nobody reads." for k in range(STALLED_SENTENCES))

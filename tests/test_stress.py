@@ -381,6 +381,38 @@ def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplo
     assert "invalid literal for int()" in record.getMessage()
 
 
+def test_hibari_reads_no_entropy_on_the_event_loop(monkeypatch):
+    """An unseeded segment's random generator is made in the synthesis thread: reading the OS's entropy is
+    a system call that hands the GIL over, and the event loop would then wait for it on its way to the
+    first audio."""
+    import random
+
+    from speech.engines import SynthesisRequest
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+    reads = []
+    urandom = random._urandom  # what secrets.randbits, and so numpy's unseeded default_rng, reads
+
+    def recorded(n):
+        reads.append(threading.get_ident())
+        return urandom(n)
+
+    monkeypatch.setattr(random, "_urandom", recorded)
+
+    async def run():
+        loop_thread = threading.get_ident()
+        try:
+            chunks = [chunk async for chunk in engine.stream(SynthesisRequest("Hello there.", engine.capabilities.default_voice))]
+        finally:
+            await engine.aclose()
+        return loop_thread, chunks
+
+    loop_thread, chunks = asyncio.run(run())
+    assert chunks and chunks[0].size
+    assert reads and loop_thread not in reads
+
+
 HARD_TEXTS = [
     "Chapter ⑵ costs ⒈5 dollars. ",
     "Zero\u200bwidth and \u202ebidi marks. ",
