@@ -381,6 +381,24 @@ def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplo
     assert "invalid literal for int()" in record.getMessage()
 
 
+def test_hibari_runs_its_models_without_arena_or_memory_pattern():
+    """What keeps a synthesis thread's memory bounded and the same from run to run (speech/engines/hibari.py:
+    `_session`; the figures are bench/throughput.py's stalled readers): onnxruntime's CPU arena would keep
+    the largest buffers for ever, its memory pattern takes each call's tensors as one block of megabytes
+    whose place in the thread's heap decides how far the heap grows."""
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+    try:
+        sessions = [session for tts in engine._models.values() for session in (tts.sess, tts.g2p._oov.sess)]
+        assert sessions
+        for session in sessions:
+            options = session.get_session_options()
+            assert not options.enable_cpu_mem_arena and not options.enable_mem_pattern
+    finally:
+        asyncio.run(engine.aclose())
+
+
 def test_hibari_reads_no_entropy_on_the_event_loop(monkeypatch):
     """An unseeded segment's random generator is made in the synthesis thread: reading the OS's entropy is
     a system call that hands the GIL over, and the event loop would then wait for it on its way to the

@@ -44,13 +44,24 @@ def _session(path):
     The arena keeps the largest buffers any call needed for the life of the process (measured:
     +20 MB after a few long sentences, never returned); without it freed buffers go back to malloc
     and speech.memory's trims return them to the OS. Measured no slower (30 long sentences: 3.1-3.4 s
-    without the arena, 4.0-4.2 s with it, on this 2-core machine)."""
+    without the arena, 4.0-4.2 s with it, on this 2-core machine).
+
+    The memory pattern is off too. With it, each call takes all its intermediate tensors as one block
+    (several MiB, sized by the sentence) from malloc, in the calling synthesis thread's heap; where
+    such blocks landed between longer-lived ones decided, by chance, whether a thread's heap settled at
+    about 25 or about 55 MiB: 50 stalled sessions grew the server by 48-57 MiB in about a third of the
+    runs and by 20-28 MiB in the others (bench/throughput.py's stalled readers; 1 MiB a session is
+    allowed). Without it, 12 runs out of 12 grew by 18-28 MiB; in process, 8 sessions x 6 sentences x
+    6 rounds grew by 79-82 MiB in 4 runs against 104-146 MiB with it. Measured no slower: 24
+    interleaved rounds of 4 and of 8 sessions, CPU per audio second without / with 0.997 and 0.995
+    (p50), the same wall time."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
+    options.enable_mem_pattern = False
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
