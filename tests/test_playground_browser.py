@@ -37,6 +37,18 @@ def js(browser, expression):
     return browser.execute_script(f"return {expression};")
 
 
+def speak_enabled(browser):
+    """Whether the page's Speak button is enabled; False while no page with it is shown: a click that
+    navigates (the admin login's submit) returns before the next page is there."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return browser.find_element(By.ID, "speak").is_enabled()
+    except (NoSuchElementException, StaleElementReferenceException):
+        return False
+
+
 def open_page(browser, url):
     from selenium.webdriver.common.by import By
 
@@ -295,7 +307,7 @@ def test_with_keys_required_a_staff_user_needs_no_key(keyed, browser):
     browser.find_element(By.NAME, "username").send_keys("admin")
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    wait_for(lambda: browser.find_element(By.ID, "speak").is_enabled(), "the page is ready without a key")
+    wait_for(lambda: speak_enabled(browser), "the page is ready without a key")
     assert not browser.find_element(By.ID, "key-form").is_displayed()
     speak_and_wait(browser)
     browser.delete_all_cookies()
