@@ -106,16 +106,21 @@ async def engine_round(engine, texts, c):
 # -- where the CPU goes ----------------------------------------------------------------------------
 
 
+def cpu_seconds(pid, tid=None):
+    """User + system CPU seconds of process `pid`, or of its thread `tid` (Linux /proc)."""
+    stat = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def thread_cpu(pid):
-    """CPU seconds of each thread of `pid`, by thread id (Linux /proc)."""
-    ticks = os.sysconf("SC_CLK_TCK")
+    """CPU seconds of each thread of `pid`, by thread id."""
     seconds = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            seconds[int(tid)] = cpu_seconds(pid, tid)
         except OSError:  # the thread ended
             continue
-        seconds[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
     return seconds
 
 
@@ -338,11 +343,6 @@ def rss_mib(pid):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_seconds(pid):
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def stalled_client(url, keepalive, stop):
