@@ -175,7 +175,8 @@ def main(argv=None):
             f"* Run time: {time.monotonic() - started:.0f} s",
             f"* (1) `session.config` -> `session.configured` on a real socket, daphne `manage.py serve`, engine "
             f"{args.engine}, no API key, builtin voice; {WARM_UP} warm-up handshakes not counted. The "
-            "channels-redis server joins `speech.session.<id>` on a private redis-server before answering; the "
+            "channels-redis server joins `speech.session.<id>` on a private redis-server (from the moment the "
+            "session is admitted, while its config travels) before answering; the "
             "registry row goes to the database in the registry's next batch (at most 50 ms later), off the loop. "
             "Targets: p50 <= 1.5 ms, p99 <= 3 ms; 20 at once p50 <= 10 ms; "
             "joining the group adds at most 1 ms at p50.",

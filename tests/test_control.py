@@ -297,6 +297,57 @@ async def test_an_ended_session_leaves_its_group_only_once_its_end_is_in_the_reg
     assert (await database_sync_to_async(SessionRecord.objects.get)(session_id=sid)).status == SessionRecord.Status.DISCONNECTED
 
 
+@pytest.mark.django_db(transaction=True)
+async def test_the_group_is_joined_while_the_config_travels_and_configured_waits_for_the_join(monkeypatch):
+    """With Redis a join is a round trip: it starts once the session is admitted, not when its
+    session.config arrives, and session.configured still goes out only once it is done (a cancel sent
+    from then on reaches the session). A session that ends during its join leaves the group after it."""
+    layer = control.get_channel_layer()
+    calls, called, gate = [], asyncio.Event(), asyncio.Event()
+    group_add, group_discard = layer.group_add, layer.group_discard
+
+    async def held_add(group, channel):
+        calls.append(("add", group))
+        called.set()
+        await gate.wait()
+        await group_add(group, channel)
+
+    async def recorded_discard(group, channel):
+        calls.append(("discard", group))
+        await group_discard(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", held_add)
+    monkeypatch.setattr(layer, "group_discard", recorded_discard)
+    comm = WebsocketCommunicator(application(FakeEngine()), PATH)
+    assert (await comm.connect(HANG_GUARD_S))[0]
+    await asyncio.wait_for(called.wait(), HANG_GUARD_S)  # no session.config sent yet
+    await send(comm, {"type": "session.config", "session": {}})
+    assert await comm.receive_nothing()  # the join is not done: no session.configured
+    gate.set()
+    sid = (await event(comm, "session.configured"))["session_id"]
+    assert calls == [("add", control.group(sid))] and await control.has_members(sid)
+    await comm.disconnect()
+    await Admission.settle()
+    assert calls == [("add", control.group(sid)), ("discard", control.group(sid))]
+    assert not await control.has_members(sid)
+
+    gate.clear()  # a client that leaves before its join is done: the session leaves once it is
+    calls.clear()
+    called.clear()
+    comm = WebsocketCommunicator(application(FakeEngine()), PATH)
+    assert (await comm.connect(HANG_GUARD_S))[0]
+    await asyncio.wait_for(called.wait(), HANG_GUARD_S)
+    await comm.disconnect()
+    leaving = asyncio.ensure_future(Admission.settle())
+    await asyncio.wait({leaving}, timeout=0.1)  # a negative check, like receive_nothing()
+    assert not leaving.done() and [kind for kind, _ in calls] == ["add"]  # not left before it has joined
+    gate.set()
+    await asyncio.wait_for(leaving, HANG_GUARD_S)
+    group = calls[0][1]
+    assert calls == [("add", group), ("discard", group)]
+    assert not await control.has_members(group.removeprefix("speech.session."))
+
+
 # -- SpeechSession.handle_signal ----------------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """A WebSocket session's admission and its place in the control plane, for the consumer to call.
 
 `admit` decides whether a new session may run (engine capacity, API key, the key's concurrent
-session slot), `register` makes a configured session reachable (its channel-layer group and its
+session slot), `join` starts joining an admitted session's channel-layer group while its
+session.config is on its way, `register` makes a configured session reachable (that group, and its
 session registry row), `signal` runs a control signal against it, and `release` gives everything
 back when it ends. The consumer itself keeps to Channels' hooks.
 """
@@ -36,7 +37,8 @@ class Admission:
         self.api_key = None
         self.lease = None
         self.registering = None  # the registry row's write (a future), once configured
-        self.group = None  # the channel-layer group this session has joined
+        self.group = None  # the channel-layer group this session has joined, or is joining
+        self.joining = None  # the join under way (a task), from `join` until `release`
         self._signal_tasks = set()
 
     async def admit(self, scope, session):
@@ -74,13 +76,22 @@ class Admission:
             self.lease.start()
         return taken
 
-    async def register(self, session):
-        """session.configured is about to go out: join the session's group, so a cancel or terminate
-        sent from now on reaches it, and record it in the registry. Without keys the row goes in the
-        registry's next batch (no database wait or thread hop in the handshake; the REST endpoints find
-        the session by its group until then); with keys the row says whose session it is, so it comes first."""
+    def join(self, session):
+        """The session is admitted: start joining its group now. With Redis that is a round trip
+        (bench/handshake.py), made while the client's session.config travels instead of after it. Signals
+        that reach the session before it is configured are ignored (nobody has its id yet)."""
         self.group = control.group(session.session_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        self.joining = asyncio.ensure_future(self.channel_layer.group_add(self.group, self.channel_name))
+
+    async def register(self, session):
+        """session.configured is about to go out: the session's group is joined (`join` began it), so a
+        cancel or terminate sent from now on reaches it, and it is recorded in the registry. Without keys
+        the row goes in the registry's next batch (no database wait or thread hop in the handshake; the
+        REST endpoints find the session by its group until then); with keys the row says whose session it
+        is, so it comes first."""
+        # Shielded: a handshake cut short must not cancel the join halfway; release() waits for it
+        # and then leaves the group.
+        await asyncio.shield(self.joining)
         row = {"voice": session.config.voice, "engine": session.engine.capabilities.name}
         if self.api_key is None:
             self.registering = registry_writer().opened(session.session_id, **row)
@@ -111,8 +122,9 @@ class Admission:
             self.lease = None
         registering, self.registering = self.registering, None
         group, self.group = self.group, None
+        joining, self.joining = self.joining, None
         if registering is not None or group is not None:
-            task = asyncio.ensure_future(self._leave(session, registering, group))
+            task = asyncio.ensure_future(self._leave(session, registering, group, joining))
             Admission._leaving.add(task)
             task.add_done_callback(Admission._leaving.discard)
 
@@ -124,9 +136,11 @@ class Admission:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(task for task in cls._leaving if task.get_loop() is loop), return_exceptions=True)
 
-    async def _leave(self, session, registering, group):
+    async def _leave(self, session, registering, group, joining):
         if registering is not None:
             await self._record_end(session, registering)
+        if joining is not None:  # left after it joined, never before
+            await asyncio.gather(joining, return_exceptions=True)
         if group is not None:
             await self.channel_layer.group_discard(group, self.channel_name)
         await self._stop_signals()

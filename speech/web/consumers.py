@@ -72,6 +72,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         if refusal is not None:
             await self.session.refuse(refusal)
             return
+        self.admission.join(self.session)
         self.session.start()
 
     async def receive(self, text_data=None, bytes_data=None):
