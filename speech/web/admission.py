@@ -77,8 +77,9 @@ class Admission:
         return taken
 
     def join(self, session):
-        """The session is admitted: start joining its group now. With Redis that is a round trip
-        (bench/handshake.py), made while the client's session.config travels instead of after it. Signals
+        """The session is admitted (the consumer has not answered the upgrade yet): start joining its
+        group now. With Redis that is a round trip (bench/handshake.py), made while the upgrade's answer
+        and the client's session.config travel instead of after them. Signals
         that reach the session before it is configured are ignored (nobody has its id yet)."""
         self.group = control.group(session.session_id)
         self.joining = asyncio.ensure_future(self.channel_layer.group_add(self.group, self.channel_name))

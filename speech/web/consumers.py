@@ -57,8 +57,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
                 flow.message_handled()  # audio waited for it (speech/web/flowcontrol.py)
 
     async def connect(self):
-        await self.accept()
-        self._open = True
+        # Admission comes before the upgrade's answer, so that an admitted session's group join (a Redis
+        # round trip) runs while the 101 and the client's session.config travel. A refused session is
+        # accepted too: its client gets the reason, then the close code.
         self.admission = Admission(self.channel_layer, self.channel_name)
         self.session = SpeechSession(
             self,
@@ -69,10 +70,13 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             parse_large=budget.parse_large_config,
         )
         refusal = await self.admission.admit(self.scope, self.session)
+        if refusal is None:
+            self.admission.join(self.session)
+        await self.accept()
+        self._open = True
         if refusal is not None:
             await self.session.refuse(refusal)
             return
-        self.admission.join(self.session)
         self.session.start()
 
     async def receive(self, text_data=None, bytes_data=None):
