@@ -24,6 +24,7 @@ from tests.support.live import (
     DaphneServer,
     collect,
     configure,
+    held,
     is_event,
     open_session,
     port_accepts,
@@ -523,6 +524,35 @@ def test_sigterm_stops_an_idle_server():
     assert srv.stopped_by_sigterm, "not stopped by SIGTERM within the bounded wait"
     assert code == 0, f"exit status {code}"
     assert not port_accepts(srv.host, srv.port)
+    srv.assert_no_traceback()
+    srv.cleanup()
+
+
+def test_sigterm_with_a_client_that_stopped_reading_exits_after_a_bounded_wait():
+    """The server waits for its clients to answer the close frames of the sessions it ended (so that a
+    client reading what was queued before them gets 4001, not a reset), but not for ever: one that
+    stopped reading never answers, and the process exits once SHUTDOWN_CLOSE_WAIT_S has passed."""
+    srv = DaphneServer(SERVER_ENV).start()
+
+    async def scenario():
+        ws = await open_session(srv.ws_url, small_buffers=True)
+        try:
+            await configure(ws, {"stream_audio": True})
+            await send_json(ws, {"type": "input.text", "text": " ".join(BARGE_SENTENCES) + " "})
+            await collect(ws, until=lambda item: item.kind == "audio")
+            await asyncio.to_thread(held, srv)
+            srv.proc.send_signal(15)
+            # A hang guard (20 s), not a timing assertion; the client reads nothing meanwhile.
+            return await asyncio.to_thread(srv.proc.wait, srv.stop_timeout)
+        finally:
+            await ws.close()
+
+    try:
+        code = asyncio.run(scenario())
+    finally:
+        srv.stop()
+    assert code == 0, srv.stderr_text()[-3000:]
+    assert "1 WebSocket client(s) did not answer the close within 5 s" in srv.stderr_text()
     srv.assert_no_traceback()
     srv.cleanup()
 

@@ -8,7 +8,8 @@ cleanly. Its own `kill_all_applications` indexes `details["application_instance"
 missing for a connection whose application has finished or not started yet (an HTTP keep-alive,
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
 sessions still running. This version skips such connections, waits for every session to end
-(each sends its error event and closes 4001, see consumers.py), then stops the channel layer's heartbeat.
+(each sends its error event and closes 4001, see consumers.py) and for its client to answer the
+close (or SHUTDOWN_CLOSE_WAIT_S), then stops the channel layer's heartbeat.
 
 Its WebSocket connections meter large frames against the process's budget from their header on
 (speech/web/wsprotocol.py, speech/web/budget.py), and once no WebSocket has been open for a few
@@ -50,6 +51,12 @@ SEND_BUFFER_BYTES = 64 * 1024
 # at 5 ms, 0.87 / 0.97 and 1.10x / 1.17x at 0.5 ms).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
+# On SIGTERM, how long the process waits for the clients of the sessions it ended to answer their close
+# frames. Until a client has read the audio queued before the error event and the close frame, the
+# connection is still open; a process that exited then reset it, and the client got 1006 and lost
+# that audio. Well inside the 10 s a process manager (docker stop) allows before SIGKILL.
+SHUTDOWN_CLOSE_WAIT_S = 5.0
+
 
 class SpeechServer(Server):
     def run(self):
@@ -76,6 +83,7 @@ class SpeechServer(Server):
 
     sockets = 0  # WebSocket connections open in this process
     opened = 0  # WebSocket connections opened since the start
+    _all_closed = None  # while stopping: a future the last WebSocket to close resolves
 
     def protocol_disconnected(self, protocol):
         super().protocol_disconnected(protocol)
@@ -83,6 +91,8 @@ class SpeechServer(Server):
             protocol.speech_socket = False
             self.sockets -= 1
             if self.sockets == 0:
+                if self._all_closed is not None and not self._all_closed.done():
+                    self._all_closed.set_result(None)
                 # Not after every connection: a trim walks the heaps under their locks, slowing the
                 # synthesis threads while it runs, and hands back their working memory (speech.memory).
                 reactor.callLater(memory.QUIET_TRIM_AFTER_S, self._quiet, self.opened)
@@ -119,11 +129,20 @@ class SpeechServer(Server):
         waiting.addErrback(lambda _failure: None)
         return waiting
 
-    @staticmethod
-    async def _stop(applications):
+    async def _stop(self, applications):
         await asyncio.gather(*applications, return_exceptions=True)
-        await Admission.settle()  # the registry rows and group memberships of the sessions that ended
+        # The registry rows and group memberships of the sessions that ended, and their close handshakes.
+        await asyncio.gather(Admission.settle(), self._sockets_closed())
         await control.stop()  # no task may be left pending when the interpreter exits
+
+    async def _sockets_closed(self):
+        if self.sockets == 0:
+            return
+        self._all_closed = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self._all_closed, SHUTDOWN_CLOSE_WAIT_S)
+        except TimeoutError:
+            logger.warning("%i WebSocket client(s) did not answer the close within %g s", self.sockets, SHUTDOWN_CLOSE_WAIT_S)
 
 
 class SpeechCommandLine(CommandLineInterface):
