@@ -12,7 +12,7 @@ from speech.stream.pipeline import LOOKAHEAD, Pipeline
 from speech.stream.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
-from .support.recorder import Recorder, check_frame_sizes, check_segment_order
+from .support.recorder import Recorder, check_segment_order
 
 
 async def guard(awaitable):
@@ -65,22 +65,6 @@ def make_pipeline(engine, transport, *, stream=True, max_segment_chars=4096):
 
 async def test_lookahead_constant():
     assert LOOKAHEAD == 1  # the contract's "the next segment may be synthesised while the current one is sent"
-
-
-async def test_frames_grow_from_40_ms_to_one_second_and_each_engine_chunk_ends_on_a_frame():
-    """Each frame after a segment's first holds as much audio as the segment sent before it, up to 1 s;
-    a chunk the engine hands over is never held back to fill a frame."""
-    engine = FakeEngine(chunk_s=3.0, chunks=2)  # two chunks of 3 s each, 24 kHz, 2 bytes a sample
-    t = Recorder()
-    pipeline, idle = make_pipeline(engine, t)
-    pipeline.enqueue("A long one.")
-    await idle.wait()
-    ((_, frames, done),) = check_segment_order(t.log).values()
-    ms = [len(frame) // 48 for frame in frames]
-    assert ms == [40, 40, 80, 160, 320, 640, 1000, 720] + [1000, 1000, 1000], ms
-    check_frame_sizes(frames, 24000, 2)
-    assert done["total_bytes"] == 6 * 48000
-    await guard(pipeline.aclose())
 
 
 async def test_queued_chars_count_only_segments_not_started():

@@ -157,18 +157,3 @@ def check_segment_order(items, first=0):
             last_index, current = index, None
     assert current is None, f"segment {current} never got its audio.done"
     return segments
-
-
-def check_frame_sizes(frames, rate, width):
-    """The streamed frames of one segment (docs/protocol.md, Binary frames): whole samples; the first
-    holds at most FIRST_FRAME_S of audio, each later one at most what the segment sent before it and at
-    most MAX_FRAME_S."""
-    from speech.stream.pipeline import FIRST_FRAME_S, MAX_FRAME_S
-
-    assert frames, "no audio"
-    assert all(len(frame) % width == 0 for frame in frames)
-    assert len(frames[0]) <= int(rate * FIRST_FRAME_S) * width, len(frames[0])  # playback starts on a short frame
-    sent = len(frames[0])
-    for frame in frames[1:]:
-        assert len(frame) <= min(sent, int(rate * MAX_FRAME_S) * width), (len(frame), sent)
-        sent += len(frame)
