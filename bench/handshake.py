@@ -10,6 +10,10 @@
     `group_add` (what a handshake waits for) and `group_send` -> `receive` (what a cancel waits for,
     besides HTTP and Django), for the core `RedisChannelLayer` (as speech/control/layer.py configures it)
     and `RedisPubSubChannelLayer`.
+(3) What an API key costs, on PostgreSQL (a fresh database on 127.0.0.1:5432; skipped without one):
+    connect -> `session.configured`, one at a time, alternating between a server that requires a key
+    (the key is looked up during the upgrade, the session's registry row written before the answer)
+    and one that does not, both on the same database, in-memory layer.
 
 Targets (issues 10 and 11): configured p50 <= 1.5 ms, p99 <= 3 ms; 20 at once p50 <= 10 ms; the group
 join adds at most 1 ms at p50. Writes/replaces "## Handshake and channel layer (bench/handshake.py)".
@@ -42,10 +46,13 @@ AT_ONCE = 20
 WARM_UP = 10
 
 
-async def one_handshake(url):
-    ws = await open_session(url)
+async def one_handshake(url, headers=None, *, from_connect=False):
+    """Seconds from sending session.config (from the connect, with from_connect) to session.configured."""
+    t0 = time.perf_counter()
+    ws = await open_session(url, headers=headers)
     try:
-        t0 = time.perf_counter()
+        if not from_connect:
+            t0 = time.perf_counter()
         await ws.send(CONFIG)
         reply = json.loads(await ws.recv())
         elapsed = time.perf_counter() - t0
@@ -79,6 +86,50 @@ async def handshakes(url, sessions):
     for _ in range(max(1, sessions // AT_ONCE)):
         burst += await at_once(url, AT_ONCE)
     return serial, burst
+
+
+async def keyed_and_keyless(keyed_url, secret, keyless_url, sessions):
+    headers = {"Authorization": f"Bearer {secret}"}
+    keyed, keyless = [], []
+    for trial in range(-WARM_UP, sessions):
+        pair = (await one_handshake(keyed_url, headers, from_connect=True), await one_handshake(keyless_url, from_connect=True))
+        if trial >= 0:
+            keyed.append(pair[0])
+            keyless.append(pair[1])
+    return keyed, keyless
+
+
+def postgres_rows(env, sessions):
+    """Part (3): rows of keyed and keyless handshakes on a fresh PostgreSQL database, or None if there is
+    no PostgreSQL server to make one on."""
+    import psycopg
+
+    from tests.support.deploy import PostgresDatabase
+
+    database = PostgresDatabase()
+    try:
+        database.__enter__()
+    except psycopg.OperationalError as exc:
+        print(f"part (3) skipped: {exc}", flush=True)
+        return None
+    servers = []
+    try:
+        env = {**env, "DATABASE_URL": database.url}
+        for require in ("true", "false"):
+            servers.append(DaphneServer({**env, "SPEECH_REQUIRE_API_KEY": require}, migrate=not servers).start())
+        secret = servers[0].create_api_key("bench-handshake")
+        keyed, keyless = asyncio.run(keyed_and_keyless(servers[0].ws_url, secret, servers[1].ws_url, sessions))
+    finally:
+        for server in servers:
+            server.stop()
+            if "Traceback" in server.stderr_text():
+                raise SystemExit(server.stderr_text()[-4000:])
+            server.cleanup()
+        database.__exit__(None, None, None)
+    return [
+        ("PostgreSQL, API key: connect -> configured", stats_ms(keyed)),
+        ("PostgreSQL, no key: connect -> configured", stats_ms(keyless)),
+    ]
 
 
 async def layer_costs(url, trials):
@@ -160,6 +211,7 @@ def main(argv=None):
             rows += [(f"{name}: one at a time", stats_ms(serial)), (f"{name}: {AT_ONCE} at once", stats_ms(burst))]
             print(table(rows), flush=True)
         layer_rows = asyncio.run(layer_costs(redis_server.url(1), args.sessions))
+        key_rows = postgres_rows(env, args.sessions)
     finally:
         redis_server.cleanup()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -169,6 +221,9 @@ def main(argv=None):
     print(report)
     print()
     print(report_layers)
+    if key_rows:
+        print()
+        print(table(key_rows))
     section = "\n".join(
         [
             *header(SECTION, command),
@@ -190,6 +245,20 @@ def main(argv=None):
             "",
             report_layers,
             "",
+            *(
+                [
+                    "* (3) What an API key costs, on PostgreSQL (a fresh database on 127.0.0.1:5432, TCP): connect -> "
+                    "`session.configured`, one at a time, alternating between a server that requires a key (looked up "
+                    "during the upgrade; the registry row, which names the key, written before the answer) and one that "
+                    "does not, on the same database. The key and the row go through the handshake's database thread, "
+                    "which keeps its connection (speech/web/database.py).",
+                    "",
+                    table(key_rows),
+                    "",
+                ]
+                if key_rows
+                else ["* (3) skipped: no PostgreSQL server at 127.0.0.1:5432.", ""]
+            ),
         ]
     )
     if not args.no_write:

@@ -1,14 +1,13 @@
 """The admin in a real browser (headless Chromium driven by Selenium) against a real daphne:
 log in, see the voice list with its columns, and play a reference through the player."""
 
-import subprocess
 import wave
 
 import numpy as np
 import pytest
 
 from tests.support.browser import chromium, needs_chromium
-from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer
+from tests.support.live import DaphneServer
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy, needs_chromium]
 PASSWORD = "a-long-test-password-1"
@@ -39,15 +38,7 @@ def server(tmp_path_factory):
     sample = tmp_path_factory.mktemp("sample") / "alice.wav"
     tone_wav(sample)
     with DaphneServer({"SPEECH_ENGINE": "fake", "MEDIA_ROOT": str(media)}) as srv:
-        done = subprocess.run(
-            [PYTHON, "manage.py", "shell", "-c", SETUP.format(password=PASSWORD, path=str(sample))],
-            cwd=PROJECT_ROOT,
-            env=srv.environment(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr
+        srv.manage("shell", "-c", SETUP.format(password=PASSWORD, path=str(sample)))
         yield srv
         srv.assert_no_traceback()
 

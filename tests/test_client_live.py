@@ -154,15 +154,7 @@ def test_flac_is_refused_before_connecting(tmp_path):
 
 def test_bad_key_and_good_key(tmp_path):
     with serving({"SPEECH_ENGINE": "fake", "SPEECH_REQUIRE_API_KEY": "true"}) as srv:
-        made = subprocess.run(
-            [PYTHON, "manage.py", "create_api_key", "cli"],
-            cwd=PROJECT_ROOT,
-            env=srv.environment(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        key = made.stdout.strip().splitlines()[-1]
+        key = srv.create_api_key("cli")
         bad = client("--key", "tts_00000000.wrong", "Hello.", url=srv.ws_url)
         assert bad.returncode == 1
         assert bad.stderr.decode().splitlines() == ["error: Invalid or missing API key (authentication_error, 401)"]

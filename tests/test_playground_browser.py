@@ -5,13 +5,12 @@ token flows work and the key is kept nowhere. The README's screenshot is taken h
 
 import base64
 import re
-import subprocess
 
 import numpy as np
 import pytest
 
 from tests.support.browser import chromium, needs_chromium
-from tests.support.live import PROJECT_ROOT, PYTHON, serving, wait_for
+from tests.support.live import PROJECT_ROOT, serving, wait_for
 from tests.support.speech_check import assert_heard
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy, needs_chromium]
@@ -246,16 +245,7 @@ USED_TOKENS = "from speech.models import AccessToken; print(AccessToken.objects.
 
 
 def manage_shell(srv, code):
-    done = subprocess.run(
-        [PYTHON, "manage.py", "shell", "-c", code],
-        cwd=PROJECT_ROOT,
-        env=srv.environment(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]  # after the banner of shell's automatic imports
+    return srv.manage("shell", "-c", code).strip().splitlines()[-1]  # after the banner of shell's automatic imports
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ back when it ends. The consumer itself keeps to Channels' hooks.
 import asyncio
 import logging
 
-from channels.db import database_sync_to_async
-
 from .. import metrics
 from ..conf import conf
 from ..control import registry
@@ -26,6 +24,7 @@ from ..stream.errors import (
     at_capacity,
 )
 from . import auth
+from .database import on_database_thread
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class Admission:
         if session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
             return at_capacity()  # before a slot is taken: nothing to give back
         if conf.REQUIRE_API_KEY:
-            key = self.api_key = await database_sync_to_async(auth.websocket_key)(scope)
+            key = self.api_key = await on_database_thread(auth.websocket_key)(scope)
             if key is None:
                 return SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401, close_code=CLOSE_POLICY)
             if not await self._take_slot(key, session):
@@ -98,7 +97,7 @@ class Admission:
             self.registering = registry_writer().opened(session.session_id, **row)
         else:
             self.registering = asyncio.ensure_future(
-                database_sync_to_async(registry.opened)(session.session_id, api_key=self.api_key, **row)
+                on_database_thread(registry.opened)(session.session_id, api_key=self.api_key, **row)
             )
             await self.registering
 

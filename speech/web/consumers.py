@@ -10,7 +10,6 @@ import asyncio
 import json
 
 from autobahn.exception import Disconnected
-from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -20,6 +19,7 @@ from ..engines import get_engine
 from ..stream.session import SpeechSession
 from . import budget
 from .admission import Admission
+from .database import on_database_thread
 from .flowcontrol import SCOPE_KEY
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
@@ -65,7 +65,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             self,
             self.engine or get_engine(),
             stream_limits(),
-            find_voice=database_sync_to_async(voices.find_voice),
+            find_voice=on_database_thread(voices.find_voice),
             on_configured=self.admission.register,
             parse_large=budget.parse_large_config,
         )
@@ -88,8 +88,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def websocket_disconnect(self, message):
         # Channels' version also discards `self.groups` (empty: Admission owns the session's group)
         # and runs close_old_connections in the shared database thread, a thread hop for every
-        # session; this consumer's only ORM work goes through database_sync_to_async, which closes
-        # stale connections itself.
+        # session; this consumer's only ORM work runs on speech/web/database.py's thread, which checks
+        # its connection itself.
         await self.disconnect(message["code"])
         raise StopConsumer()
 

@@ -218,6 +218,23 @@ class DaphneServer:
     def stderr_text(self):
         return self.stderr_path.read_text(errors="replace") if self.stderr_path and self.stderr_path.exists() else ""
 
+    def manage(self, *args):
+        """`manage.py ARGS` with this server's environment (its database): what it printed."""
+        done = subprocess.run(
+            [PYTHON, "manage.py", *args],
+            cwd=PROJECT_ROOT,
+            env=self.environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def create_api_key(self, name, *extra):
+        """`manage.py create_api_key NAME [extra]`: the key it prints."""
+        return self.manage("create_api_key", name, *extra).strip().splitlines()[-1]
+
     def assert_no_traceback(self):
         text = self.stderr_text()
         assert "Traceback" not in text, f"server stderr holds a traceback:\n{text[-6000:]}"
