@@ -1,4 +1,4 @@
-"""The cost of the pydantic wire vocabulary (speech/stream/messages.py) per event: audio.start and
+"""The cost of the pydantic wire vocabulary (speech/stream/events.py) per event: audio.start and
 audio.done (one each per segment, never per frame) built and serialised as the consumer sends them,
 against the dict literals they replaced; and reading a session.config.
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from report import RESULTS, header, write_section  # noqa: E402
 
 from speech.engines.fake import FakeEngine  # noqa: E402
-from speech.stream.messages import AudioDone, AudioStart  # noqa: E402
+from speech.stream.events import AudioDone, AudioStart  # noqa: E402
 from speech.stream.protocol import parse_config  # noqa: E402
 
 SECTION = "## Wire vocabulary: building and serialising events"

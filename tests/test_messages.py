@@ -1,4 +1,4 @@
-"""The wire vocabulary (speech/stream/messages.py): every server event's JSON is today's, the generated
+"""The wire vocabulary (speech/stream/messages.py, events.py): every server event's JSON is today's, the generated
 JSON Schema and OpenAPI documents are served through the API handler, and the schema of session.config
 has the contract's fields (docs/protocol.md, session.config fields)."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 from asgiref.testing import ApplicationCommunicator
 
-from speech.stream import messages
+from speech.stream import events, messages
 from speech.stream.errors import SpeechError, server_error
 from speech.stream.protocol import Limits
 from speech.web.apihandler import APIHandler, PathRouter
@@ -57,7 +57,7 @@ class Config:
 
 EVENTS = [
     (
-        messages.SessionConfigured.of(SID, Config, Caps, LIMITS),
+        events.SessionConfigured.of(SID, Config, Caps, LIMITS),
         {
             "type": "session.configured",
             "session_id": SID,
@@ -78,16 +78,16 @@ EVENTS = [
         },
     ),
     (
-        messages.InputCommitted(session_id=SID, segment_index=2, segment_sentences=1, total_sentences=5),
+        events.InputCommitted(session_id=SID, segment_index=2, segment_sentences=1, total_sentences=5),
         {"type": "input.committed", "session_id": SID, "segment_index": 2, "segment_sentences": 1, "total_sentences": 5},
     ),
     (
-        messages.InputCancelled(session_id=SID, cancelled_sentences=3, total_sentences=4, origin="server"),
+        events.InputCancelled(session_id=SID, cancelled_sentences=3, total_sentences=4, origin="server"),
         {"type": "input.cancelled", "session_id": SID, "cancelled_sentences": 3, "total_sentences": 4, "origin": "server"},
     ),
-    (messages.SessionDone(session_id=SID, total_sentences=7), {"type": "session.done", "session_id": SID, "total_sentences": 7}),
+    (events.SessionDone(session_id=SID, total_sentences=7), {"type": "session.done", "session_id": SID, "total_sentences": 7}),
     (
-        messages.AudioStart(id=f"{SID}-0", sentence_index=0, sentence_text="Hi.", format="wav", sample_rate=24000),
+        events.AudioStart(id=f"{SID}-0", sentence_index=0, sentence_text="Hi.", format="wav", sample_rate=24000),
         {
             "type": "audio.start",
             "id": f"{SID}-0",
@@ -98,7 +98,7 @@ EVENTS = [
         },
     ),
     (
-        messages.AudioDone(id=f"{SID}-1", sentence_index=1, total_bytes=9600, error=False, cancelled=True),
+        events.AudioDone(id=f"{SID}-1", sentence_index=1, total_bytes=9600, error=False, cancelled=True),
         {"type": "audio.done", "id": f"{SID}-1", "sentence_index": 1, "total_bytes": 9600, "error": False, "cancelled": True},
     ),
 ]
@@ -155,7 +155,7 @@ def test_error_events_leave_out_what_is_not_set(error, extra, expected):
 
 
 def test_rest_error_envelope_keeps_a_null_param():
-    assert messages.RestError.of(404, "not found", type="not_found_error").dump() == {
+    assert events.RestError.of(404, "not found", type="not_found_error").dump() == {
         "error": {"message": "not found", "type": "not_found_error", "param": None, "code": 404}
     }
 

@@ -45,8 +45,8 @@ class SpeechError(Exception):
         return self.close_code is not None
 
     def event(self, **extra: Any) -> dict[str, Any]:
-        """The `error` event (messages.ErrorEvent) as sent; `extra`: the segment's id, sentence_index, partial_audio."""
-        from .messages import ErrorEvent  # here: messages.py builds its value rules on this module's errors
+        """The `error` event (events.ErrorEvent) as sent; `extra`: the segment's id, sentence_index, partial_audio."""
+        from .events import ErrorEvent  # here: events.py and messages.py import this module
 
         body = ErrorEvent(message=self.message, error_type=self.error_type, param=self.param, code=self.code, **extra).dump()
         metrics.ERRORS.labels(self.error_type, "" if self.code is None else str(self.code)).inc()  # built to be sent

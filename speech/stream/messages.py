@@ -1,7 +1,8 @@
-"""The wire vocabulary, as pydantic models: every client message, every server event, and the REST
-request body of `POST /v1/audio/speech` (docs/protocol.md). The session, the pipeline, the consumer
-and the REST views build and read messages only through this module; the JSON Schema of the
-WebSocket messages and the OpenAPI document (speech/web/openapi.py) are generated from it.
+"""What clients send, as pydantic models: every client message of the WebSocket and the REST request
+body of `POST /v1/audio/speech` (docs/protocol.md), with the handshake's field and value rules. What
+the server sends is events.py. The session and the REST views read client input only through this
+module; the JSON Schema of the WebSocket messages and the OpenAPI document (speech/web/openapi.py)
+are generated from the two.
 
 Reading the handshake keeps the contract of docs/protocol.md ("session.config fields"): the models
 are strict (no coercion: booleans are not numbers, 24000.0 is not an integer), every field's raw JSON
@@ -31,7 +32,7 @@ from pydantic import (
 )
 
 from ..audio.codecs import FORMATS, RAW_FORMATS, output_rate
-from .errors import BAD_REQUEST, CLOSE_POLICY, SpeechError, fatal
+from .errors import CLOSE_POLICY, SpeechError, fatal
 
 if TYPE_CHECKING:  # for the annotations only
     from ..engines.base import Capabilities
@@ -336,120 +337,3 @@ class SpeechRequest(SessionFields, SpeechOptions):
             self.stream = True
         if self.stream and self.config.response_format not in RAW_FORMATS:
             raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
-
-
-# -- server events --------------------------------------------------------------------------------------
-
-
-class Event(BaseModel):
-    """A server event; `dump()` is the JSON object sent, with fields in this order."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    def dump(self) -> dict:
-        return self.model_dump()
-
-
-class SessionConfigured(Event):
-    type: Literal["session.configured"] = "session.configured"
-    session_id: str
-    response_format: str
-    stream_audio: bool
-    split_granularity: str
-    sample_rate: int
-    voice: str
-    engine: str
-    limits: Limits
-
-    @classmethod
-    def of(cls, session_id: str, config: SessionConfig, capabilities: Capabilities, limits: Limits) -> Self:
-        return cls(
-            session_id=session_id,
-            response_format=config.response_format,
-            stream_audio=config.stream_audio,
-            split_granularity=config.split_granularity,
-            sample_rate=config.sample_rate,
-            voice=config.voice,
-            engine=capabilities.name,
-            limits=limits,
-        )
-
-
-class InputCommitted(Event):
-    type: Literal["input.committed"] = "input.committed"
-    session_id: str
-    segment_index: int
-    segment_sentences: int
-    total_sentences: int
-
-
-class InputCancelled(Event):
-    type: Literal["input.cancelled"] = "input.cancelled"
-    session_id: str
-    cancelled_sentences: int
-    total_sentences: int
-    origin: Literal["client", "server"]
-
-
-class SessionDone(Event):
-    type: Literal["session.done"] = "session.done"
-    session_id: str
-    total_sentences: int
-
-
-class AudioStart(Event):
-    type: Literal["audio.start"] = "audio.start"
-    id: str
-    sentence_index: int
-    sentence_text: str
-    format: str
-    sample_rate: int
-
-
-class AudioDone(Event):
-    type: Literal["audio.done"] = "audio.done"
-    id: str
-    sentence_index: int
-    total_bytes: int
-    error: bool
-    cancelled: bool
-
-
-class ErrorEvent(Event):
-    """`param` and `code` only when set; `id` and `sentence_index` only for a segment's error,
-    `partial_audio` only when some of that segment's audio was sent."""
-
-    type: Literal["error"] = "error"
-    message: str
-    error_type: str
-    param: str | None = None
-    code: int | None = None
-    id: str | None = None
-    sentence_index: int | None = None
-    partial_audio: Literal[True] | None = None
-
-    def dump(self) -> dict:
-        return self.model_dump(exclude_none=True)
-
-
-SERVER_EVENTS = (SessionConfigured, InputCommitted, InputCancelled, SessionDone, AudioStart, AudioDone, ErrorEvent)
-
-
-# -- REST errors ------------------------------------------------------------------------------------------
-
-
-class RestErrorDetail(Event):
-    message: str
-    type: str
-    param: str | None  # null when no one field is at fault
-    code: int  # the HTTP status
-
-
-class RestError(Event):
-    """The REST endpoints' error envelope (OpenAI's): `{"error": {message, type, param, code}}`."""
-
-    error: RestErrorDetail
-
-    @classmethod
-    def of(cls, status: int, message: str, *, type: str = BAD_REQUEST, param: str | None = None) -> Self:
-        return cls(error=RestErrorDetail(message=message, type=type, param=param, code=status))

@@ -30,7 +30,7 @@ from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..engines import SynthesisRequest
 from ..engines.pool import CURRENT, Ticket
 from .errors import SpeechError, bad_request, server_error
-from .messages import AudioDone, AudioStart
+from .events import AudioDone, AudioStart
 from ..audio.transforms import Chain, plan_speed
 
 if TYPE_CHECKING:

@@ -28,7 +28,8 @@ from .errors import (
     SpeechError,
     fatal,
 )
-from .messages import InputCancelled, InputCommitted, InputText, SessionConfigured, SessionDone
+from .events import InputCancelled, InputCommitted, SessionConfigured, SessionDone
+from .messages import InputText
 from .pipeline import Pipeline
 from .protocol import (
     parse_in_thread,

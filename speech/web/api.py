@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import auth
 from ..control import signals as control, registry
-from ..stream import messages, oneshot, protocol
+from ..stream import events, messages, oneshot, protocol
 from .. import voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..conf import conf
@@ -35,10 +35,10 @@ MULTIPART_SLACK = 64 * 1024  # room for the form's other fields and boundaries
 
 
 def error(status, message, *, type=BAD_REQUEST, param=None):
-    return JsonResponse(messages.RestError.of(status, message, type=type, param=param).dump(), status=status)
+    return JsonResponse(events.RestError.of(status, message, type=type, param=param).dump(), status=status)
 
 
-TOO_LARGE = messages.RestError.of(413, "audio_sample is larger than 10 MiB", param="audio_sample").dump()
+TOO_LARGE = events.RestError.of(413, "audio_sample is larger than 10 MiB", param="audio_sample").dump()
 
 
 def too_large():

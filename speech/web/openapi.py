@@ -1,4 +1,4 @@
-"""Machine-readable descriptions generated from the wire vocabulary (speech/stream/messages.py):
+"""Machine-readable descriptions generated from the wire vocabulary (speech/stream/messages.py, events.py):
 the JSON Schema of the WebSocket's messages (`GET /v1/audio/speech/stream/schema.json`) and the
 OpenAPI 3.1 document of the REST API (`GET /v1/openapi.json`). Both are built once per process:
 the models do not change while it runs.
@@ -11,7 +11,7 @@ import functools
 from django.http import JsonResponse
 from pydantic.json_schema import models_json_schema
 
-from ..stream import messages
+from ..stream import events, messages
 
 WEBSOCKET_PATH = "/v1/audio/speech/stream"
 SCHEMA_PATH = "/v1/audio/speech/stream/schema.json"
@@ -35,9 +35,9 @@ def _one_of(models, template):
 def websocket_schema():
     """One JSON Schema (2020-12): a frame is a ClientMessage (client to server) or a ServerEvent."""
     template = "#/$defs/{model}"
-    defs = _defs([*messages.CLIENT_MESSAGES, *messages.SERVER_EVENTS], template)
+    defs = _defs([*messages.CLIENT_MESSAGES, *events.SERVER_EVENTS], template)
     defs["ClientMessage"] = _one_of(messages.CLIENT_MESSAGES, template)
-    defs["ServerEvent"] = _one_of(messages.SERVER_EVENTS, template)
+    defs["ServerEvent"] = _one_of(events.SERVER_EVENTS, template)
     return {
         "$schema": JSON_SCHEMA_DIALECT,
         "$id": SCHEMA_PATH,
@@ -110,7 +110,7 @@ VOICE_UPLOAD = {
 @functools.cache
 def openapi_document():
     """OpenAPI 3.1 for the REST endpoints; the speech request body and the error envelope are the models'."""
-    schemas = _defs([messages.SpeechRequest, messages.RestError], "#/components/schemas/{model}")
+    schemas = _defs([messages.SpeechRequest, events.RestError], "#/components/schemas/{model}")
     paths = {
         "/v1/audio/speech": {
             "post": {
