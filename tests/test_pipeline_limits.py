@@ -7,8 +7,9 @@ import asyncio
 
 import pytest
 
+from speech.audio.codecs import RawEncoder
 from speech.engines.fake import FakeEngine
-from speech.stream.pipeline import LOOKAHEAD, Pipeline
+from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S, LOOKAHEAD, Pipeline
 from speech.stream.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
@@ -184,6 +185,34 @@ def gated_pipeline(*texts):
     for text in texts:
         pipeline.enqueue(text)
     return engine, t, pipeline, idle
+
+
+async def test_a_segments_first_frame_goes_out_before_the_rest_of_its_chunk_is_encoded(monkeypatch):
+    log = []
+    encode = RawEncoder.encode
+
+    def encoding(encoder, samples):
+        log.append(("encode", samples.size))
+        return encode(encoder, samples)
+
+    monkeypatch.setattr(RawEncoder, "encode", encoding)
+    engine, t = FakeEngine(chunk_s=0.5, chunks=2), Recorder()
+    send_bytes = t.send_bytes
+
+    async def sending(data):
+        log.append(("send", len(data) // 2))
+        await send_bytes(data)
+
+    t.send_bytes = sending
+    pipeline, idle = make_pipeline(engine, t)
+    pipeline.enqueue("One.")
+    await idle.wait()
+    head, chunk = int(24000 * FIRST_FRAME_S), engine.chunk_samples
+    assert log[:3] == [("encode", head), ("send", head), ("encode", chunk - head)]
+    # The frames are the same as without the split: 40 ms, then FRAME_S from there.
+    frames = [size for what, size in log if what == "send"]
+    assert frames[0] == head and sum(frames) == 2 * chunk and max(frames) == int(24000 * FRAME_S)
+    await guard(pipeline.aclose())
 
 
 async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_frame():
