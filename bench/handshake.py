@@ -112,7 +112,7 @@ def postgres_rows(env, sessions):
     except psycopg.OperationalError as exc:
         print(f"part (3) skipped: {exc}", flush=True)
         return None
-    servers = []
+    servers, tracebacks = [], []
     try:
         env = {**env, "DATABASE_URL": database.url}
         for require in ("true", "false"):
@@ -123,9 +123,11 @@ def postgres_rows(env, sessions):
         for server in servers:
             server.stop()
             if "Traceback" in server.stderr_text():
-                raise SystemExit(server.stderr_text()[-4000:])
+                tracebacks.append(server.stderr_text()[-4000:])
             server.cleanup()
         database.__exit__(None, None, None)
+    if tracebacks:
+        raise SystemExit(tracebacks[0])
     return [
         ("PostgreSQL, API key: connect -> configured", stats_ms(keyed)),
         ("PostgreSQL, no key: connect -> configured", stats_ms(keyless)),

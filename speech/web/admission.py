@@ -28,6 +28,10 @@ from .database import on_database_thread
 
 logger = logging.getLogger(__name__)
 
+# The handshake's database work, on the thread that keeps its connection (speech/web/database.py).
+_websocket_key = on_database_thread(auth.websocket_key)
+_record_opened = on_database_thread(registry.opened)
+
 
 class Admission:
     def __init__(self, channel_layer, channel_name):
@@ -47,7 +51,7 @@ class Admission:
         if session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
             return at_capacity()  # before a slot is taken: nothing to give back
         if conf.REQUIRE_API_KEY:
-            key = self.api_key = await on_database_thread(auth.websocket_key)(scope)
+            key = self.api_key = await _websocket_key(scope)
             if key is None:
                 return SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401, close_code=CLOSE_POLICY)
             if not await self._take_slot(key, session):
@@ -96,9 +100,7 @@ class Admission:
         if self.api_key is None:
             self.registering = registry_writer().opened(session.session_id, **row)
         else:
-            self.registering = asyncio.ensure_future(
-                on_database_thread(registry.opened)(session.session_id, api_key=self.api_key, **row)
-            )
+            self.registering = asyncio.ensure_future(_record_opened(session.session_id, api_key=self.api_key, **row))
             await self.registering
 
     def signal(self, session, message):

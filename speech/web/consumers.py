@@ -23,6 +23,7 @@ from .database import on_database_thread
 from .flowcontrol import SCOPE_KEY
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
+_find_voice = on_database_thread(voices.find_voice)  # an uploaded voice, at session.config
 
 
 class SpeechStreamConsumer(AsyncWebsocketConsumer):
@@ -65,7 +66,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             self,
             self.engine or get_engine(),
             stream_limits(),
-            find_voice=on_database_thread(voices.find_voice),
+            find_voice=_find_voice,
             on_configured=self.admission.register,
             parse_large=budget.parse_large_config,
         )
