@@ -57,7 +57,9 @@ SECTION = "## Cancel latency (bench/cancel.py)"
 TARGET_FRAMES_AFTER = 1  # local: at most one audio frame sent after input.cancel (held regime, every trial)
 TARGET_CROSS_P99_MS = 50.0
 RATE = 24000
-FRAME_BYTES = int(RATE * 0.2) * 2  # the server streams 200 ms frames of 16-bit pcm after each segment's first
+# A held session's frames after each segment's first: 200 ms of 16-bit pcm (its window is closed; only a
+# client that reads ahead gets larger ones, speech/web/tcpwindow.py). Audio counted in these units.
+FRAME_BYTES = int(RATE * 0.2) * 2
 AUDIO_SENT = "speech_audio_sent_bytes_total"
 WARM_UP = 5
 SENTENCES = [

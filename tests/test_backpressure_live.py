@@ -2,7 +2,8 @@
 
 A client that stops reading is held (seen from the server's side in /metrics: the held-session
 gauge, the audio-bytes counter and the synthesis counter), resumes cleanly, can cancel while held,
-and a client reading at real time gets every frame in order, bit-identical to a fast reader's.
+and a client reading at real time gets every frame in order, bit-identical to a fast reader's, which
+gets frames larger than 200 ms (as much as its window takes, up to 1 s).
 Waits are bounded polls of states the server reaches on its own; nothing sleeps and hopes.
 """
 
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S, MAX_FRAME_S
 from tests.support.live import (
     audio_past,
     collect,
@@ -171,3 +173,9 @@ async def test_a_client_reading_at_real_time_gets_every_frame_in_order(server):
     # Same seed: the slow reader got exactly the fast reader's audio, every byte, in order.
     assert [s.audio for s in slow_segments] == [s.audio for s in fast_segments]
     assert sum(len(s.audio) for s in slow_segments) / 2 / RATE > 2.0
+    # Each segment starts with a 40 ms frame; a fast reader's window (loopback, a default receive
+    # buffer) takes more than 200 ms at once, and frames grow to what it takes, up to 1 s.
+    for segments in (slow_segments, fast_segments):
+        assert all(len(s.frames[0]) == int(RATE * FIRST_FRAME_S) * 2 for s in segments)
+        assert all(len(frame) <= int(RATE * MAX_FRAME_S) * 2 for s in segments for frame in s.frames)
+    assert max(len(frame) for s in fast_segments for frame in s.frames) > int(RATE * FRAME_S) * 2

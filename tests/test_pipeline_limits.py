@@ -9,7 +9,7 @@ import pytest
 
 from speech.audio.codecs import RawEncoder
 from speech.engines.fake import FakeEngine
-from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S, LOOKAHEAD, Pipeline
+from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S, LOOKAHEAD, MAX_FRAME_S, Pipeline
 from speech.stream.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
@@ -212,6 +212,54 @@ async def test_a_segments_first_frame_goes_out_before_the_rest_of_its_chunk_is_e
     # The frames are the same as without the split: 40 ms, then FRAME_S from there.
     frames = [size for what, size in log if what == "send"]
     assert frames[0] == head and sum(frames) == 2 * chunk and max(frames) == int(24000 * FRAME_S)
+    await guard(pipeline.aclose())
+
+
+class Room(Recorder):
+    """A connection whose window takes `room` bytes at once and closes by what each frame sends, the way a
+    client that has stopped reading leaves it: send_room() is what is left."""
+
+    def __init__(self, room):
+        super().__init__()
+        self.room = room
+
+    async def send_bytes(self, data):
+        await super().send_bytes(data)
+        self.room = max(0, self.room - len(data))
+
+
+def frame_ms(transport):
+    ((_, frames, _),) = check_segment_order(transport.log).values()
+    return [len(frame) * 1000 // 48000 for frame in frames]  # 24 kHz, 2 bytes a sample
+
+
+@pytest.mark.parametrize(
+    "room, expected",
+    [
+        (0, [40] + [200] * 14 + [160]),  # nothing known: 200 ms frames
+        (9600, [40] + [200] * 14 + [160]),  # no more than a 200 ms frame at once: 200 ms frames
+        (10_000_000, [40] + [1000] * 2 + [960]),  # a window wider than 1 s: 1 s frames
+        # The window shrinks by each frame: frames as large as it allows, then 200 ms ones.
+        (1920 + 30_000, [40, 30_000 * 1000 // 48000] + [200] * 11 + [135]),
+    ],
+)
+async def test_frames_after_the_first_hold_what_the_connection_sends_at_once_up_to_one_second(room, expected):
+    engine, t = FakeEngine(chunk_s=3.0, chunks=1), Room(room)
+    pipeline, idle = make_pipeline(engine, t)
+    pipeline.enqueue("A long one.")
+    await idle.wait()
+    assert frame_ms(t) == expected
+    assert MAX_FRAME_S == 1.0 and FRAME_S == 0.2
+    await guard(pipeline.aclose())
+
+
+async def test_frames_hold_whole_samples_whatever_the_room():
+    engine, t = FakeEngine(chunk_s=1.0, chunks=1), Room(1920 + 20_001)  # an odd number of bytes after the first frame
+    pipeline, idle = make_pipeline(engine, t)
+    pipeline.enqueue("One.")
+    await idle.wait()
+    ((_, frames, _),) = check_segment_order(t.log).values()
+    assert [len(frame) for frame in frames] == [1920, 20_000, 9600, 9600, 48_000 - 1920 - 20_000 - 2 * 9600]
     await guard(pipeline.aclose())
 
 

@@ -56,6 +56,10 @@ class Transport(Protocol):
     async def send_bytes(self, data: bytes) -> None: ...
     async def close(self, code: int) -> None: ...
 
+    def send_room(self) -> int:
+        """Bytes of audio the connection would send at once, whole, right now (0: unknown)."""
+        ...
+
 
 class State(enum.Enum):
     AWAITING_CONFIG = "awaiting_config"

@@ -25,6 +25,8 @@ import asyncio
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
+from .tcpwindow import send_room, writes_through
+
 SCOPE_KEY = "speech.flow"
 # autobahn waits 1 s by default for the client's reply to a close frame, then resets the connection,
 # and the client gets no close code. The reply comes after the client has read everything in flight
@@ -73,6 +75,16 @@ class FlowControl:
                 await asyncio.sleep(0)
         while self._unhandled:
             await self._input_handled.wait()
+
+    def send_room(self):
+        """Bytes the next frame may hold and still leave for the client at once, whole (speech/web/tcpwindow.py).
+        0 while the client is not keeping up (held, or Twisted holds bytes the socket did not take), and
+        behind TLS, whose records Twisted writes from its own buffer."""
+        protocol = self._protocol
+        tcp = getattr(protocol, "speech_tcp", None)
+        if tcp is None or tcp is not protocol.transport or not self._writable.is_set() or not writes_through(tcp):
+            return 0
+        return send_room(tcp.socket)
 
     def closing(self, audio_ahead_s):
         """The application is about to close: wait for the client's reply to the close frame until it

@@ -16,6 +16,7 @@ from autobahn.websocket import protocol as autobahn_protocol
 from daphne.ws_protocol import WebSocketProtocol
 
 from .budget import frame_cost, get_budget, over_budget_error
+from .tcpwindow import writes_through
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def write_through(tcp, data):
     the socket does not take fills Twisted's buffer, which pauses the connection's producer as before.
     A transport that is closing, or that failed (a send error leaves the data to the transport, whose
     own attempt then meets the error and ends the connection), is left to the reactor."""
-    if not tcp.connected or tcp.disconnecting or tcp._tempDataLen or len(tcp.dataBuffer) > tcp.offset:
+    if not writes_through(tcp):
         return data
     try:
         sent = tcp.socket.send(data)

@@ -3,7 +3,8 @@
 Every call the session makes (`send_json`, `send_bytes`, `close`) is appended to `log` and put
 on an asyncio queue the test reads in order. Events are round-tripped through JSON, so a value
 that would not serialise on the wire fails the test. Anything sent after `close` is recorded in
-`after_close` (a contract violation the tests assert is empty).
+`after_close` (a contract violation the tests assert is empty). `send_room()` reports `room`, which a
+test sets to play a connection that sends that many bytes at once (0 by default: 200 ms frames).
 
 With `yield_on_send=True` each send suspends once before recording, like a real transport with
 back-pressure (an ASGI server that awaits its socket): it exposes code that relies on sends never
@@ -26,6 +27,7 @@ class Recorder:
         self.writable = asyncio.Event()
         self.writable.set()
         self.held_sends = 0  # send_bytes calls that found the transport not writable
+        self.room = 0  # what send_room() reports: bytes the "connection" would send at once
         self.queue: asyncio.Queue = asyncio.Queue()
         self.log: list[tuple[str, object]] = []
         self.close_code = None
@@ -45,6 +47,9 @@ class Recorder:
             await asyncio.sleep(0)
         assert isinstance(data, (bytes, bytearray)), f"send_bytes got {type(data).__name__}"
         self._record("bytes", bytes(data))
+
+    def send_room(self):
+        return self.room
 
     async def close(self, code):
         if self.yield_on_send:
