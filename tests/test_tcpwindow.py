@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-
 from twisted.internet.protocol import Protocol
 from twisted.internet.tcp import Connection
 from twisted.internet.testing import MemoryReactor
