@@ -300,10 +300,11 @@ class Pipeline:
         """Send one encoded chunk as raw frames: a short first frame for each segment, then FRAME_S frames.
         A later frame holds more, up to MAX_FRAME_S, when the connection sends that much at once
         (`Transport.send_room`: a client that reads faster than the audio comes). Every frame is a cost
-        to the event loop and to the client: 1 s frames where the window allows took the loop from 0.40
-        to 0.34 and the client from 0.19 to 0.16 ms of CPU per audio second (bench/throughput.py's
-        paragraph at C = 8). Frames never outgrow the window, because on loopback a write larger than
-        it may wait seconds (speech/web/tcpwindow.py); a client that falls behind gets FRAME_S frames."""
+        to the event loop and to the client: frames up to 1 s where the window allows took the loop from
+        0.33 to 0.26 and the client from 0.17 to 0.12 ms of CPU per audio second, and throughput from 0.91
+        to 0.94 of the engine's (bench/throughput.py's paragraph at C = 8, 20 rounds interleaved with
+        200 ms frames). Frames never outgrow the window, because on loopback a write larger than it may
+        wait seconds (speech/web/tcpwindow.py); a client that falls behind gets FRAME_S frames."""
         if not job.announced:
             await self._start(job)
         at = 0
