@@ -222,6 +222,11 @@ class Room(Recorder):
     def __init__(self, room):
         super().__init__()
         self.room = room
+        self.asked = 0  # send_room() calls
+
+    def send_room(self):
+        self.asked += 1
+        return super().send_room()
 
     async def send_bytes(self, data):
         await super().send_bytes(data)
@@ -250,6 +255,15 @@ async def test_frames_after_the_first_hold_what_the_connection_sends_at_once_up_
     await idle.wait()
     assert frame_ms(t) == expected
     assert MAX_FRAME_S == 1.0 and FRAME_S == 0.2
+    await guard(pipeline.aclose())
+
+
+async def test_the_room_is_not_asked_for_a_rest_that_one_200_ms_frame_holds():
+    engine, t = FakeEngine(chunk_s=FIRST_FRAME_S + FRAME_S, chunks=1), Room(10_000_000)
+    pipeline, idle = make_pipeline(engine, t)
+    pipeline.enqueue("Short.")
+    await idle.wait()
+    assert frame_ms(t) == [40, 200] and t.asked == 0
     await guard(pipeline.aclose())
 
 

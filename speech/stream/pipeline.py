@@ -314,7 +314,7 @@ class Pipeline:
         step = max(1, int(self.rate * FRAME_S)) * width
         largest = max(1, int(self.rate * MAX_FRAME_S)) * width
         while at < len(data):
-            room = self.transport.send_room()
+            room = self.transport.send_room() if len(data) - at > step else 0  # else one FRAME_S frame holds the rest
             size = min(largest, room - room % width) if room > step else step
             frame = data[at : at + size]
             at += len(frame)
