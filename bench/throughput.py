@@ -16,7 +16,9 @@ Parts (each can be run alone with --only):
   to get audio against the k-th first chunk, medians over rounds). Where the difference goes: CPU per audio second
   of the server's event loop (its main thread), its other threads (synthesis), the client (this
   process in server rounds) and the raw engine (this process in engine rounds), and the share of
-  the machine left idle, from /proc over the same rounds.
+  the machine left idle, from /proc over the same rounds; and the synthesis jobs of both sides
+  (the pool's histograms of speech/metrics.py: the server's /metrics, this process's registry):
+  how long a job ran, how long it waited for a thread, and how busy the threads were.
 (The handshake's latency is bench/handshake.py's.)
 * delivery: the cost of delivery alone: SPEECH_ENGINE=fake (audio as long as speech, made
   instantly), daphne pinned to one core, N sessions at once each reading at real time like a
@@ -39,9 +41,12 @@ import os
 import socket
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -155,6 +160,28 @@ class CpuMeter:
         }
 
 
+JOB_HISTOGRAMS = ("speech_engine_job_seconds", "speech_engine_job_wait_seconds")
+
+
+def job_totals(server_url=None):
+    """{histogram: (count, sum)} of the synthesis pool's job runs and waits (speech/metrics.py): the
+    server's /metrics at `server_url`, or this process's registry (the raw engine's pool)."""
+    if server_url is None:
+        get = REGISTRY.get_sample_value
+    else:
+        with urllib.request.urlopen(server_url + "/metrics", timeout=30) as response:
+            body = response.read().decode()
+        samples = {s.name: s.value for family in text_string_to_metric_families(body) for s in family.samples}
+        get = samples.get
+    return {name: (get(name + "_count") or 0.0, get(name + "_sum") or 0.0) for name in JOB_HISTOGRAMS}
+
+
+def job_round(before, after, wall_s):
+    """(jobs, seconds run, seconds waited, wall seconds) of one round, from two job_totals readings."""
+    (runs, ran), (_, waited) = ((after[name][0] - before[name][0], after[name][1] - before[name][1]) for name in JOB_HISTOGRAMS)
+    return runs, ran, waited, wall_s
+
+
 # -- the server ------------------------------------------------------------------------------------
 
 
@@ -211,6 +238,7 @@ async def paragraph_part(args, lines):
         for c in CONCURRENCY
     }
     cpu = {c: {"s": [], "e": []} for c in CONCURRENCY}  # (CpuMeter reading, audio seconds) of each round
+    jobs = {c: {"s": [], "e": []} for c in CONCURRENCY}  # job_round() of each round
     with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
         for c in CONCURRENCY:  # warm both sides at every concurrency
             await server_round(server.ws_url, c)
@@ -222,6 +250,8 @@ async def paragraph_part(args, lines):
                     order = ("server", "engine") if (r + k) % 2 == 0 else ("engine", "server")
                     pair, rates = {}, {}
                     for side in order:
+                        job_source = server.http_url if side == "server" else None
+                        jobs_before = job_totals(job_source)  # read outside the CPU meter's window
                         meter = CpuMeter(server.proc.pid)
                         if side == "server":
                             results, rate = await server_round(server.ws_url, c)
@@ -229,6 +259,7 @@ async def paragraph_part(args, lines):
                             results, rate = await engine_round(engine, texts, c)
                         key = side[0]
                         cpu[c][key].append((meter.read(), sum(r[2] for r in results)))
+                        jobs[c][key].append(job_round(jobs_before, job_totals(job_source), max(r[1] for r in results)))
                         pair[key], rates[key] = results[0], rate
                         data[c][side].append(rate)
                         data[c][f"{key}_first"] += [x[0] * 1000 for x in results]
@@ -290,6 +321,27 @@ async def paragraph_part(args, lines):
             f"| {c} | {per['s']['loop']:.2f} | {per['s']['threads']:.2f} | {per['s']['own']:.2f} | {served:.2f} | "
             f"{per['e']['own']:.2f} | {served / per['e']['own']:.3f} | "
             f"{per['s']['idle'] * 100:.1f} % / {per['e']['idle'] * 100:.1f} % |"
+        )
+    lines += [
+        "",
+        "The synthesis jobs of the same rounds (the pool's `speech_engine_job_seconds` and "
+        "`speech_engine_job_wait_seconds`, the same pool code on both sides): the mean time a job ran on a "
+        "thread and waited for one, and how busy the threads were (time run over threads x the round's wall "
+        "time, from the text sent to the last audio). The server keeps each session's next segment queued "
+        "(look-ahead), so its jobs wait longer for a thread by design; what the server costs the engine shows "
+        "as jobs that run longer while the threads are as busy:",
+        "",
+        "| C | jobs a round | mean run ms, server / engine | run, server / engine | mean wait ms, server / engine | "
+        "threads busy, server / engine |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in CONCURRENCY:
+        s, e = (np.array(jobs[c][key]).sum(axis=0) for key in ("s", "e"))  # jobs, run s, wait s, wall s
+        run_s, run_e = s[1] / s[0] * 1000, e[1] / e[0] * 1000
+        lines.append(
+            f"| {c} | {s[0] / len(jobs[c]['s']):.0f} / {e[0] / len(jobs[c]['e']):.0f} | {run_s:.2f} / {run_e:.2f} | "
+            f"{run_s / run_e:.3f} | {s[2] / s[0] * 1000:.2f} / {e[2] / e[0] * 1000:.2f} | "
+            f"{s[1] / (args.workers * s[3]) * 100:.1f} % / {e[1] / (args.workers * e[3]) * 100:.1f} % |"
         )
 
 

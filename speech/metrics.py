@@ -1,7 +1,8 @@
 """Prometheus metrics of this process, served at /metrics (prometheus-client's default registry).
 
 Every metric is defined here and fed from a few places only: the consumer at a session's start
-and end, the pipeline (engine time per segment, the first audio frame, every audio frame sent),
+and end, the pipeline (engine time per segment, the first audio frame, every audio frame sent), the
+engine's thread pool (each job's wait for a thread and its run),
 the session's cancel, the `error` event builder (speech/stream/errors.py) and the API's HTTP handler
 (speech/web/apihandler.py). Each daphne process has its own registry: with several instances,
 Prometheus scrapes every instance (its own address), not the load balancer.
@@ -42,6 +43,16 @@ SEGMENT_RTF = Histogram(
 )
 ENGINE_QUEUE = Gauge(
     "speech_engine_queue_depth", "Synthesis jobs in the engine's pool (speech/engines/pool.py), running or waiting for a thread"
+)
+ENGINE_JOB_WAIT = Histogram(
+    "speech_engine_job_wait_seconds",
+    "Time a synthesis job waited for a thread of the engine's pool",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+ENGINE_JOB = Histogram(
+    "speech_engine_job_seconds",
+    "Time a synthesis job ran on a thread of the engine's pool (a sentence, or the first one with its G2P)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
 CANCELS = Counter("speech_cancels", "Barge-ins (input.cancelled), by origin: client or server", ["origin"])
 ERRORS = Counter("speech_errors", "error events sent to WebSocket clients, by error_type and code", ["type", "code"])
@@ -118,6 +129,12 @@ async def timed(chunks, sample_rate):
     if samples:
         SEGMENT_SYNTHESIS.observe(busy)
         SEGMENT_RTF.observe(busy / (samples / sample_rate))
+
+
+def engine_job(waited, ran):
+    """A pool job ran (speech/engines/pool.py, on its thread): seconds it waited for the thread, and ran."""
+    ENGINE_JOB_WAIT.observe(waited)
+    ENGINE_JOB.observe(ran)
 
 
 def audio_sent(nbytes, seconds):

@@ -135,6 +135,9 @@ async def test_metrics_follow_a_real_session(server):
     assert synthesised >= 3  # the first segment of each run of text, and "Last words."
     assert delta(before, after, "speech_segment_real_time_factor_count") == synthesised
     assert delta(before, after, "speech_segment_synthesis_seconds_sum") > 0
+    for histogram in ("speech_engine_job_seconds", "speech_engine_job_wait_seconds"):  # at least a job a segment
+        assert delta(before, after, f"{histogram}_count") >= synthesised
+    assert delta(before, after, "speech_engine_job_seconds_sum") > 0
     assert delta(before, after, "speech_rest_requests_total", endpoint="voice-list", method="GET", status="200") == 1
     assert delta(before, after, "speech_rest_requests_total", endpoint="session-cancel", method="POST", status="202") == 1
     assert value(after, "speech_engine_queue_depth") == 0  # nothing left in the engine's pool

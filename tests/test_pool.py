@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
+from prometheus_client import REGISTRY
 
 from speech.engines.pool import SynthesisPool, Ticket
 
@@ -213,3 +215,36 @@ async def test_shutdown_drops_queued_jobs(pools):
     running.release.set()
     await asyncio.wait_for(first, GUARD_S)
     assert not queued.ran
+
+
+def job_metrics():
+    """speech/metrics.py's pool histograms: (count, sum) of job waits and of job runs."""
+    sample = REGISTRY.get_sample_value
+    return {
+        name: (sample(f"speech_engine_{name}_seconds_count") or 0.0, sample(f"speech_engine_{name}_seconds_sum") or 0.0)
+        for name in ("job_wait", "job")
+    }
+
+
+async def test_every_job_that_runs_is_timed_its_wait_and_its_run_a_dropped_one_is_not(pools):
+    pool = pools(1)
+    before = job_metrics()
+    gate = Gate()
+    first = asyncio.create_task(pool.run(gate))
+    await wait_started(gate)
+    queued = asyncio.create_task(pool.run(lambda: "queued"))
+    dropped = asyncio.create_task(pool.run(lambda: "dropped"))
+    await asyncio.sleep(0)
+    held_from = time.perf_counter()  # both are queued behind the gate, which holds the only thread
+    dropped.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await dropped
+    held_until = time.perf_counter()
+    gate.release.set()
+    assert await asyncio.wait_for(asyncio.gather(first, queued), GUARD_S) == [None, "queued"]
+    after = job_metrics()  # a job is counted before its result is handed over
+    waits, runs = (after[name][0] - before[name][0] for name in ("job_wait", "job"))
+    assert waits == runs == 2  # the gate and the queued job; the dropped one never ran
+    held = held_until - held_from
+    assert after["job_wait"][1] - before["job_wait"][1] >= held  # the queued job waited while the gate ran
+    assert after["job"][1] - before["job"][1] >= held  # and the gate ran at least that long

@@ -13,6 +13,9 @@ over SPEECH_MAX_QUEUE_WAIT_S.
 
 Cancelling the awaiting task drops a job that has not started; a running one finishes its step
 and its result is discarded.
+
+Every job that runs is timed into two histograms of speech/metrics.py: how long it waited for a
+thread and how long it ran on one.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from .. import metrics
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
@@ -41,11 +46,12 @@ CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up)
 
 
 class _Job:
-    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop")
+    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued")
 
     def __init__(self, fn, args, ticket, seq, loop):
         self.fn, self.args, self.ticket, self.seq, self.loop = fn, args, ticket, seq, loop
         self.future = loop.create_future()
+        self.queued = time.perf_counter()
 
     def urgency(self):
         return (not self.ticket.current, self.seq)
@@ -117,6 +123,7 @@ class SynthesisPool:
         except BaseException as exc:  # handed to the awaiting task, like concurrent.futures does
             error = exc
         elapsed = time.perf_counter() - started
+        metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
         with self._lock:
             self._running -= 1
             self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
