@@ -18,7 +18,8 @@ Parts (each can be run alone with --only):
   process in server rounds) and the raw engine (this process in engine rounds), and the share of
   the machine left idle, from /proc over the same rounds; and the synthesis jobs of both sides
   (the pool's histograms of speech/metrics.py: the server's /metrics, this process's registry):
-  how long a job ran, how long it waited for a thread, and how busy the threads were.
+  how long a job ran (on a CPU, waiting for one, blocked: /proc scheduler statistics), how long it
+  waited for a thread, and how busy the threads were.
 (The handshake's latency is bench/handshake.py's.)
 * delivery: the cost of delivery alone: SPEECH_ENGINE=fake (audio as long as speech, made
   instantly), daphne pinned to one core, N sessions at once each reading at real time like a
@@ -176,10 +177,32 @@ def job_totals(server_url=None):
     return {name: (get(name + "_count") or 0.0, get(name + "_sum") or 0.0) for name in JOB_HISTOGRAMS}
 
 
-def job_round(before, after, wall_s):
-    """(jobs, seconds run, seconds waited, wall seconds) of one round, from two job_totals readings."""
-    (runs, ran), (_, waited) = ((after[name][0] - before[name][0], after[name][1] - before[name][1]) for name in JOB_HISTOGRAMS)
-    return runs, ran, waited, wall_s
+def thread_schedstat(pid):
+    """{tid: (seconds on a CPU, seconds runnable but waiting for a CPU)} of every thread of `pid` but its
+    main one (Linux /proc/<pid>/task/<tid>/schedstat, in nanoseconds)."""
+    times = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        if int(tid) == pid:
+            continue
+        try:
+            on_cpu, run_queue = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
+        except (OSError, ValueError):  # the thread ended, or no scheduler statistics
+            continue
+        times[tid] = (int(on_cpu) / 1e9, int(run_queue) / 1e9)
+    return times
+
+
+def job_round(jobs_before, jobs_after, sched_before, sched_after, wall_s):
+    """(jobs, seconds run, seconds waited for a thread, wall seconds, seconds the threads other than the main
+    one spent on a CPU, and runnable but waiting for one) of one round, from job_totals and
+    thread_schedstat readings before and after it."""
+    (runs, ran), (_, waited) = (
+        (jobs_after[name][0] - jobs_before[name][0], jobs_after[name][1] - jobs_before[name][1]) for name in JOB_HISTOGRAMS
+    )
+    on_cpu, run_queue = (
+        sum(times[k] - sched_before.get(tid, (0.0, 0.0))[k] for tid, times in sched_after.items()) for k in (0, 1)
+    )
+    return runs, ran, waited, wall_s, on_cpu, run_queue
 
 
 # -- the server ------------------------------------------------------------------------------------
@@ -250,8 +273,9 @@ async def paragraph_part(args, lines):
                     order = ("server", "engine") if (r + k) % 2 == 0 else ("engine", "server")
                     pair, rates = {}, {}
                     for side in order:
-                        job_source = server.http_url if side == "server" else None
+                        job_source, threads_of = (server.http_url, server.proc.pid) if side == "server" else (None, os.getpid())
                         jobs_before = job_totals(job_source)  # read outside the CPU meter's window
+                        sched_before = thread_schedstat(threads_of)
                         meter = CpuMeter(server.proc.pid)
                         if side == "server":
                             results, rate = await server_round(server.ws_url, c)
@@ -259,7 +283,9 @@ async def paragraph_part(args, lines):
                             results, rate = await engine_round(engine, texts, c)
                         key = side[0]
                         cpu[c][key].append((meter.read(), sum(r[2] for r in results)))
-                        jobs[c][key].append(job_round(jobs_before, job_totals(job_source), max(r[1] for r in results)))
+                        sched_after = thread_schedstat(threads_of)
+                        wall_s = max(r[1] for r in results)
+                        jobs[c][key].append(job_round(jobs_before, job_totals(job_source), sched_before, sched_after, wall_s))
                         pair[key], rates[key] = results[0], rate
                         data[c][side].append(rate)
                         data[c][f"{key}_first"] += [x[0] * 1000 for x in results]
@@ -327,20 +353,28 @@ async def paragraph_part(args, lines):
         "The synthesis jobs of the same rounds (the pool's `speech_engine_job_seconds` and "
         "`speech_engine_job_wait_seconds`, the same pool code on both sides): the mean time a job ran on a "
         "thread and waited for one, and how busy the threads were (time run over threads x the round's wall "
-        "time, from the text sent to the last audio). The server keeps each session's next segment queued "
-        "(look-ahead), so its jobs wait longer for a thread by design; what the server costs the engine shows "
-        "as jobs that run longer while the threads are as busy:",
+        "time, from the text sent to the last audio). A job's run splits, from /proc's scheduler statistics "
+        "of the threads other than the main one (the synthesis threads, on both sides), into time on a CPU, "
+        "time runnable but waiting for a CPU (the cores are busy with other threads and processes) and the "
+        "rest: blocked (on the GIL, on a lock), less what those threads spent outside jobs, so it can be a little "
+        "below zero. The server keeps each session's next segment queued "
+        "(look-ahead), so its jobs wait longer for a thread by design.",
         "",
-        "| C | jobs a round | mean run ms, server / engine | run, server / engine | mean wait ms, server / engine | "
-        "threads busy, server / engine |",
-        "|---|---|---|---|---|---|",
+        "| C | jobs a round, server / engine | mean run ms, server / engine | run, server / engine | "
+        "of a run (ms): on a CPU, server / engine | waiting for a CPU | rest (blocked) | "
+        "mean wait for a thread (ms), server / engine | threads busy, server / engine |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in CONCURRENCY:
-        s, e = (np.array(jobs[c][key]).sum(axis=0) for key in ("s", "e"))  # jobs, run s, wait s, wall s
+        s, e = (np.array(jobs[c][key]).sum(axis=0) for key in ("s", "e"))  # see job_round
         run_s, run_e = s[1] / s[0] * 1000, e[1] / e[0] * 1000
+        on_s, on_e = s[4] / s[0] * 1000, e[4] / e[0] * 1000
+        queue_s, queue_e = s[5] / s[0] * 1000, e[5] / e[0] * 1000
         lines.append(
             f"| {c} | {s[0] / len(jobs[c]['s']):.0f} / {e[0] / len(jobs[c]['e']):.0f} | {run_s:.2f} / {run_e:.2f} | "
-            f"{run_s / run_e:.3f} | {s[2] / s[0] * 1000:.2f} / {e[2] / e[0] * 1000:.2f} | "
+            f"{run_s / run_e:.3f} | {on_s:.2f} / {on_e:.2f} | {queue_s:.2f} / {queue_e:.2f} | "
+            f"{run_s - on_s - queue_s:.2f} / {run_e - on_e - queue_e:.2f} | "
+            f"{s[2] / s[0] * 1000:.2f} / {e[2] / e[0] * 1000:.2f} | "
             f"{s[1] / (args.workers * s[3]) * 100:.1f} % / {e[1] / (args.workers * e[3]) * 100:.1f} % |"
         )
 
