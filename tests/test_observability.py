@@ -144,6 +144,16 @@ async def test_metrics_follow_a_real_session(server):
     assert f"[{sid}]: session ended: completed" in server.stderr_text()
 
 
+def test_a_pool_job_is_counted_in_both_job_histograms():
+    names = ("speech_engine_job_wait_seconds", "speech_engine_job_seconds")
+    sample = metrics.REGISTRY.get_sample_value
+    before = {name: (sample(name + "_count"), sample(name + "_sum")) for name in names}
+    metrics.engine_job(0.25, 0.5)
+    after = {name: (sample(name + "_count"), sample(name + "_sum")) for name in names}
+    assert [after[name][0] - before[name][0] for name in names] == [1, 1]
+    assert [after[name][1] - before[name][1] for name in names] == pytest.approx([0.25, 0.5])
+
+
 def test_metrics_need_the_token_when_one_is_set():
     with serving({"SPEECH_ENGINE": "fake", "SPEECH_METRICS_TOKEN": "s3cret-metrics"}) as srv:
         assert http("GET", srv.http_url + "/metrics")[0] == 401

@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from prometheus_client import REGISTRY
 
+from speech.engines import pool as pool_module
 from speech.engines.pool import SynthesisPool, Ticket
 
 GUARD_S = 5
@@ -217,34 +217,34 @@ async def test_shutdown_drops_queued_jobs(pools):
     assert not queued.ran
 
 
-def job_metrics():
-    """speech/metrics.py's pool histograms: (count, sum) of job waits and of job runs."""
-    sample = REGISTRY.get_sample_value
-    return {
-        name: (sample(f"speech_engine_{name}_seconds_count") or 0.0, sample(f"speech_engine_{name}_seconds_sum") or 0.0)
-        for name in ("job_wait", "job")
-    }
+async def test_every_job_that_runs_reports_its_wait_and_its_run_a_dropped_one_does_not(monkeypatch):
+    reported = []  # (waited, ran) as this test's pool reports them to speech.metrics, from its thread
 
+    def engine_job(waited, ran):
+        if threading.current_thread().name.startswith("timed-pool"):  # not a job some earlier test left running
+            reported.append((waited, ran))
 
-async def test_every_job_that_runs_is_timed_its_wait_and_its_run_a_dropped_one_is_not(pools):
-    pool = pools(1)
-    before = job_metrics()
-    gate = Gate()
-    first = asyncio.create_task(pool.run(gate))
-    await wait_started(gate)
-    queued = asyncio.create_task(pool.run(lambda: "queued"))
-    dropped = asyncio.create_task(pool.run(lambda: "dropped"))
-    await asyncio.sleep(0)
-    held_from = time.perf_counter()  # both are queued behind the gate, which holds the only thread
-    dropped.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await dropped
-    held_until = time.perf_counter()
-    gate.release.set()
-    assert await asyncio.wait_for(asyncio.gather(first, queued), GUARD_S) == [None, "queued"]
-    after = job_metrics()  # a job is counted before its result is handed over
-    waits, runs = (after[name][0] - before[name][0] for name in ("job_wait", "job"))
-    assert waits == runs == 2  # the gate and the queued job; the dropped one never ran
+    monkeypatch.setattr(pool_module.metrics, "engine_job", engine_job)
+    pool = SynthesisPool(1, "timed-pool")
+    try:
+        gate = Gate()
+        first = asyncio.create_task(pool.run(gate))
+        await wait_started(gate)
+        queued = asyncio.create_task(pool.run(lambda: "queued"))
+        dropped = asyncio.create_task(pool.run(lambda: "dropped"))
+        await asyncio.sleep(0)
+        held_from = time.perf_counter()  # both are queued behind the gate, which holds the only thread
+        dropped.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+        held_until = time.perf_counter()
+        gate.release.set()
+        assert await asyncio.wait_for(asyncio.gather(first, queued), GUARD_S) == [None, "queued"]
+    finally:
+        pool.shutdown()
+    # Reported before the result is handed over: both are in by now; the dropped job never ran.
+    assert len(reported) == 2
+    (_, gate_ran), (queued_waited, _) = reported
     held = held_until - held_from
-    assert after["job_wait"][1] - before["job_wait"][1] >= held  # the queued job waited while the gate ran
-    assert after["job"][1] - before["job"][1] >= held  # and the gate ran at least that long
+    assert gate_ran >= held  # the gate ran while the queued job waited
+    assert queued_waited >= held
