@@ -68,6 +68,64 @@ async def test_lookahead_constant():
     assert LOOKAHEAD == 1  # the contract's "the next segment may be synthesised while the current one is sent"
 
 
+class StartedStreams(FakeEngine):
+    """A FakeEngine that records, in the call itself, each stream asked of it and whether it was closed."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.started = []
+        self.closed = []
+
+    def stream(self, request):
+        self.started.append(request.text)
+        chunks = super().stream(request)
+        engine = self
+
+        class Recorded:
+            def __aiter__(self):
+                return self
+
+            def __anext__(self):
+                return chunks.__anext__()
+
+            async def aclose(self):
+                engine.closed.append(request.text)
+                await chunks.aclose()
+
+        return Recorded()
+
+
+async def test_the_current_segments_engine_stream_starts_in_the_step_that_queues_its_text():
+    """An engine that queues work when asked (Hibari) then has the segment's first job in its queue before
+    the loop goes on to other sessions' messages, not when it reaches this segment's producer task."""
+    engine = StartedStreams()
+    pipeline, idle = make_pipeline(engine, Recorder())
+    pipeline.enqueue("First.")
+    pipeline.enqueue("Second.")
+    assert engine.started == ["First."]  # no await yet: the look-ahead waits for the first frame
+    await idle.wait()
+    assert engine.started == ["First.", "Second."]
+    assert engine.closed == ["First.", "Second."]
+
+
+async def test_a_stream_started_for_a_segment_cancelled_before_its_producer_ran_is_closed():
+    engine = StartedStreams(hold=True)
+    pipeline, _ = make_pipeline(engine, Recorder())
+    pipeline.enqueue("Never heard.")
+    assert await pipeline.cancel() == 1  # awaited in this task, so in the same step: the producer never ran
+    assert engine.started == engine.closed == ["Never heard."]
+
+
+async def test_text_over_the_segment_limit_starts_no_engine_stream():
+    engine = StartedStreams()
+    t = Recorder()
+    pipeline, idle = make_pipeline(engine, t, max_segment_chars=5)
+    pipeline.enqueue("Far too long.")
+    await idle.wait()
+    assert engine.started == []
+    assert [value["type"] for kind, value in t.log if kind == "json"] == ["error", "audio.done"]
+
+
 async def test_queued_chars_count_only_segments_not_started():
     engine = FakeEngine(hold=True)
     t = Recorder()

@@ -185,6 +185,29 @@ async def test_cancelling_a_running_job_keeps_its_worker_until_it_finishes(pools
     assert pool.running == 0
 
 
+async def test_submit_queues_at_once_and_discard_drops_a_job_not_started(pools):
+    pool = pools(1)
+    gates, blockers = await busy(pool)
+    dropped, kept = Gate(), pool.submit(lambda: "kept")
+    job = pool.submit(dropped)
+    assert pool.depth == 2  # queued in the call, before any await
+    pool.discard(job)
+    assert pool.depth == 1
+    await release(gates, blockers)
+    assert await asyncio.wait_for(pool.wait(kept), GUARD_S) == "kept"
+    assert not dropped.ran
+
+
+async def test_discarding_a_running_job_lets_it_finish(pools):
+    pool = pools(1)
+    gate = Gate()
+    job = pool.submit(gate, "done")
+    await wait_started(gate)
+    pool.discard(job)
+    gate.release.set()
+    assert await asyncio.wait_for(pool.wait(job), GUARD_S) == "done"
+
+
 async def test_estimated_wait_counts_current_work_ahead_only(pools):
     pool = pools(2)
     assert pool.estimated_wait() == 0.0

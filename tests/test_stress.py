@@ -368,7 +368,7 @@ def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplo
     async def run():
         try:
             with pytest.raises(EngineError) as failure:
-                await engine._job(breaks)
+                await engine._result(engine._pool.run(breaks))
         finally:
             await engine.aclose()
         return failure.value
@@ -379,6 +379,40 @@ def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplo
     [record] = caplog.records
     assert record.exc_info is None and "\n" not in record.getMessage()
     assert "invalid literal for int()" in record.getMessage()
+
+
+def test_hibari_queues_a_segments_first_job_when_its_stream_is_asked_for_and_closing_it_drops_the_job():
+    """speech/stream/pipeline.py asks for the stream in the step that queues the text: the job must be in
+    the pool's queue then, not when the stream is first iterated; a stream closed unread leaves no work."""
+    from speech.engines import SynthesisRequest
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+
+    async def run():
+        gate, release = threading.Event(), threading.Event()
+
+        def hold():
+            gate.set()
+            release.wait(5)
+
+        busy = asyncio.create_task(engine._pool.run(hold))  # the only thread is taken
+        assert await asyncio.to_thread(gate.wait, 5)
+        stream = engine.stream(SynthesisRequest("Never heard.", engine.capabilities.default_voice))
+        queued = engine._pool.depth
+        await stream.aclose()
+        dropped = engine._pool.depth
+        release.set()
+        await asyncio.wait_for(busy, 5)
+        heard = [chunk async for chunk in engine.stream(SynthesisRequest("Heard.", engine.capabilities.default_voice))]
+        return queued, dropped, heard
+
+    try:
+        queued, dropped, heard = asyncio.run(run())
+    finally:
+        asyncio.run(engine.aclose())
+    assert (queued, dropped) == (1, 0)
+    assert heard and all(chunk.size for chunk in heard)  # a stream read to its end speaks
 
 
 def test_hibari_runs_its_models_without_arena_or_memory_pattern():

@@ -65,7 +65,9 @@ class Engine(abc.ABC):
     def stream(self, request: SynthesisRequest) -> AsyncIterator[np.ndarray]:
         """Yield float32 mono chunks at `capabilities.sample_rate`.
 
-        Cancelling the consuming task, or closing the iterator, must abort the engine's work for
+        An engine may start work when this is called, before the first iteration (Hibari queues the
+        segment's first job): whoever asks for a stream reads it to its end or closes it. Cancelling
+        the consuming task, or closing the iterator (read or not), must abort the engine's work for
         this request (queued work is dropped; running work stops at its next step)."""
 
     def estimated_wait(self) -> float:

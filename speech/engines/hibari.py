@@ -110,34 +110,44 @@ class HibariEngine(Engine):
         return audio.normalise(audio.trim_silence(raw, rate))
 
     def _first(self, tts, text, speed, seed):
-        """G2P plus the first sentence in one job: one thread hop before the first audio. The segment's
-        random generator is made here too: without a seed numpy reads the OS's entropy (os.urandom), a
-        system call that hands the GIL over, and the event loop then waited for a synthesis thread to give
-        it back on its way to the first audio (4 % of the loop's time at C = 4, `py-spy record --gil`)."""
+        """Text normalising, G2P and the first sentence in one job: one thread hop before the first audio,
+        and nothing of the client's text is worked on by the caller (`stream` is called on the event
+        loop). The segment's random generator is made here too: without a seed numpy reads the OS's
+        entropy (os.urandom), a system call that hands the GIL over, and the event loop then waited for a
+        synthesis thread to give it back on its way to the first audio (4 % of the loop's time at C = 4,
+        `py-spy record --gil`)."""
         rng = np.random.default_rng(seed)
-        parts = tts.phonemize(text)
+        parts = tts.phonemize(for_number_reader(text))
         if not parts:
             return None, [], rng
         return self._render(tts, parts[0], speed, rng), parts[1:], rng
 
-    async def stream(self, request: SynthesisRequest):
+    def stream(self, request: SynthesisRequest):
+        """The segment's first job (its G2P and first sentence) is queued now, when called, not when the
+        caller first iterates: a session's pipeline starts it in the step that queued the text, so it
+        takes its place before other sessions' messages of the same loop turn are handled. Closing the
+        stream before its first chunk drops that job if it has not started."""
         tts = self._models[request.voice]
         seed = request.options.get("seed")  # the handshake checked its range
-        text = for_number_reader(request.text)
-        first, rest, rng = await self._job(self._first, tts, text, request.speed, seed, ticket=request.ticket)
-        if first is not None and first.size:
-            yield first
+        first = self._pool.submit(self._first, tts, request.text, request.speed, seed, ticket=request.ticket)
+        return _QueuedStream(self._pool, first, self._chunks(first, tts, request))
+
+    async def _chunks(self, first, tts, request):
+        audio, rest, rng = await self._result(self._pool.wait(first))
+        if audio is not None and audio.size:
+            yield audio
         for phonemes in rest:
-            chunk = await self._job(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket)
+            job = self._pool.run(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket)
+            chunk = await self._result(job)
             if chunk.size:
                 yield chunk
 
-    async def _job(self, fn, *args, **kwargs):
-        """One pool job; a failure inside Hibari on text the normaliser let through fails this
+    async def _result(self, job):
+        """One pool job's result; a failure inside Hibari on text the normaliser let through fails this
         segment with the contract's error and one log line: the text is the client's, the trace
         would only repeat Hibari's internals."""
         try:
-            return await self._pool.run(fn, *args, **kwargs)
+            return await job
         except EngineError:
             raise
         except Exception as exc:
@@ -154,3 +164,21 @@ class HibariEngine(Engine):
 
     async def aclose(self):
         self._pool.shutdown()
+
+
+class _QueuedStream:
+    """A segment's chunks whose first pool job was queued when the stream was made: closing the stream
+    drops that job if no thread has taken it yet, then closes the chunks (which drops any later job)."""
+
+    def __init__(self, pool, first, chunks):
+        self._pool, self._first, self._chunks = pool, first, chunks
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self._chunks.__anext__()
+
+    async def aclose(self):
+        self._pool.discard(self._first)
+        await self._chunks.aclose()

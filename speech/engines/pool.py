@@ -87,17 +87,30 @@ class SynthesisPool:
         return (ahead - self.workers + 1) * service_s / self.workers
 
     async def run(self, fn, *args, ticket=CURRENT):
+        return await self.wait(self.submit(fn, *args, ticket=ticket))
+
+    def submit(self, fn, *args, ticket=CURRENT):
+        """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
+        for its result, or `discard` it."""
         job = _Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
         with self._lock:
             self._waiting.append(job)
         self._dispatch()
+        return job
+
+    async def wait(self, job):
+        """The result of a submitted job; cancelling the awaiting task drops the job if it has not started."""
         try:
             return await job.future
         except asyncio.CancelledError:
-            with self._lock:
-                if job in self._waiting:
-                    self._waiting.remove(job)
+            self.discard(job)
             raise
+
+    def discard(self, job):
+        """Drop a submitted job that has not started; one that has finishes, and nobody hears of it."""
+        with self._lock:
+            if job in self._waiting:
+                self._waiting.remove(job)
 
     def _dispatch(self):
         while True:
