@@ -415,6 +415,34 @@ def test_hibari_queues_a_segments_first_job_when_its_stream_is_asked_for_and_clo
     assert heard and all(chunk.size for chunk in heard)  # a stream read to its end speaks
 
 
+def test_a_hibari_stream_read_to_its_end_keeps_no_audio_alive():
+    """A session holds each queued segment's stream (speech/stream/pipeline.py) for as long as the segment
+    waits to be sent; the stream must not keep its first job's result, the sentence's audio, alive (it
+    doubled what 50 stalled readers held: bench/throughput.py)."""
+    import gc
+    import weakref
+
+    from speech.engines import SynthesisRequest
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+
+    async def run():
+        stream = engine.stream(SynthesisRequest("Kept no longer than needed.", engine.capabilities.default_voice))
+        chunks = [chunk async for chunk in stream]
+        refs = [weakref.ref(chunk) for chunk in chunks]
+        del chunks
+        gc.collect()
+        return stream, refs  # the stream itself is still held, as a queued segment's is
+
+    try:
+        stream, refs = asyncio.run(run())  # stream: held through the assertion
+    finally:
+        asyncio.run(engine.aclose())
+    assert stream is not None
+    assert refs and all(ref() is None for ref in refs)
+
+
 def test_hibari_runs_its_models_without_arena_or_memory_pattern():
     """What keeps a synthesis thread's memory bounded and the same from run to run (speech/engines/hibari.py:
     `_session`; the figures are bench/throughput.py's stalled readers): onnxruntime's CPU arena would keep

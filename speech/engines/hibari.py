@@ -134,6 +134,7 @@ class HibariEngine(Engine):
 
     async def _chunks(self, first, tts, request):
         audio, rest, rng = await self._result(self._pool.wait(first))
+        del first  # the job's result holds the first sentence's audio: not for the rest of the segment
         if audio is not None and audio.size:
             yield audio
         for phonemes in rest:
@@ -168,7 +169,7 @@ class HibariEngine(Engine):
 
 class _QueuedStream:
     """A segment's chunks whose first pool job was queued when the stream was made: closing the stream
-    drops that job if no thread has taken it yet, then closes the chunks (which drops any later job)."""
+    before it is read drops that job if no thread has taken it yet; closing it closes the chunks."""
 
     def __init__(self, pool, first, chunks):
         self._pool, self._first, self._chunks = pool, first, chunks
@@ -177,8 +178,13 @@ class _QueuedStream:
         return self
 
     def __anext__(self):
+        # Read from here on: the reading task owns the job (cancelling it drops the job), and a
+        # finished job's result (the first sentence's audio) must not live as long as this stream.
+        self._first = None
         return self._chunks.__anext__()
 
     async def aclose(self):
-        self._pool.discard(self._first)
+        if self._first is not None:
+            self._pool.discard(self._first)
+            self._first = None
         await self._chunks.aclose()
