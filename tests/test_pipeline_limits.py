@@ -68,8 +68,25 @@ async def test_lookahead_constant():
     assert LOOKAHEAD == 1  # the contract's "the next segment may be synthesised while the current one is sent"
 
 
+class RecordedStream:
+    """An engine stream that tells its engine when it is closed."""
+
+    def __init__(self, engine, text, chunks):
+        self.engine, self.text, self.chunks = engine, text, chunks
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        return self.chunks.__anext__()
+
+    async def aclose(self):
+        self.engine.closed.append(self.text)
+        await self.chunks.aclose()
+
+
 class StartedStreams(FakeEngine):
-    """A FakeEngine that records, in the call itself, each stream asked of it and whether it was closed."""
+    """A FakeEngine that records, in the call itself, each stream asked of it, and each one closed."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -78,21 +95,7 @@ class StartedStreams(FakeEngine):
 
     def stream(self, request):
         self.started.append(request.text)
-        chunks = super().stream(request)
-        engine = self
-
-        class Recorded:
-            def __aiter__(self):
-                return self
-
-            def __anext__(self):
-                return chunks.__anext__()
-
-            async def aclose(self):
-                engine.closed.append(request.text)
-                await chunks.aclose()
-
-        return Recorded()
+        return RecordedStream(self, request.text, super().stream(request))
 
 
 async def test_the_current_segments_engine_stream_starts_in_the_step_that_queues_its_text():

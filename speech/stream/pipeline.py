@@ -66,7 +66,7 @@ class Job:
         self.ticket = Ticket(current=False)  # its place in the engine's synthesis queue
         self.queued_at = time.monotonic()
         self.chunks: asyncio.Queue[Any] = asyncio.Queue()  # np.ndarray chunks, then _END or an exception
-        self.stream: AsyncIterator[np.ndarray] | None = None  # the engine's, started with the producer
+        self.stream: AsyncIterator[np.ndarray] | None = None  # the engine's, started with the producer, until it takes it
         self.producer: asyncio.Task[None] | None = None
         self.index: int | None = None  # its sentence index, given when audio.start (or its error) is sent
         self.bytes_sent = 0
@@ -193,13 +193,14 @@ class Pipeline:
         # A streamed segment with audio counts as started once its first frame is sent (_send_audio);
         # anything else once it has audio, or when it ends.
         streamed_audio = False
+        stream, job.stream = job.stream, None  # the producer owns it now: closed with render_segment's
         try:
             if len(job.text) > self.max_segment_chars:
                 raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
             # Streamed raw audio is encoded here, as it is made: a held session's queued chunks
             # then take 2 bytes a sample (1 for G.711), not float32's 4.
             encoder = self._stream_encoder()
-            segment = render_segment(self.engine, self.config, job.text, job.ticket, job.stream)
+            segment = render_segment(self.engine, self.config, job.text, job.ticket, stream)
             async with contextlib.aclosing(segment) as audio:
                 async for chunk in audio:
                     if chunk.size and encoder is not None and not streamed_audio:
@@ -379,7 +380,7 @@ class Pipeline:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for job in jobs:  # a producer cancelled before its first step never closed its engine stream
+        for job in jobs:  # a producer cancelled before its first step never took its engine stream
             if job.stream is not None:
                 await job.stream.aclose()  # type: ignore[attr-defined]  # engines' streams close
         return jobs
