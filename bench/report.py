@@ -6,6 +6,8 @@ import platform
 import re
 from pathlib import Path
 
+import numpy as np
+
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
@@ -56,3 +58,14 @@ def write_section(heading, section_text):
     else:
         text = text.rstrip("\n") + "\n\n" + section_text
     RESULTS.write_text(text.rstrip("\n") + "\n")
+
+
+def interval(statistic, rounds, confidence=0.9, resamples=2000):
+    """A bootstrap interval of `statistic` over `rounds` paired rounds: `statistic(indexes)` computes the
+    figure from the rounds at `indexes` (server and engine rounds of the same index together), and the
+    rounds are drawn with replacement `resamples` times. This machine's speed drifts by tens of percent
+    within an hour, so a figure near its target is read with this interval, not alone."""
+    draw = np.random.default_rng(0)
+    values = [statistic(draw.integers(0, rounds, rounds)) for _ in range(resamples)]
+    tail = (1 - confidence) / 2 * 100
+    return float(np.percentile(values, tail)), float(np.percentile(values, 100 - tail))
