@@ -138,8 +138,7 @@ class HibariEngine(Engine):
         if audio is not None and audio.size:
             yield audio
         for phonemes in rest:
-            job = self._pool.run(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket)
-            chunk = await self._result(job)
+            chunk = await self._result(self._pool.run(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket))
             if chunk.size:
                 yield chunk
 
