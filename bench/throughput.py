@@ -16,7 +16,7 @@ Parts (each can be run alone with --only):
   to get audio against the k-th first chunk, medians over rounds). Where the difference goes: CPU per audio second
   of the server's event loop (its main thread), its other threads (synthesis), the client (this
   process in server rounds) and the raw engine (this process in engine rounds), and the share of
-  the machine left idle, from /proc over the same rounds; and the synthesis jobs of both sides
+  the machine left idle, from /proc over the same rounds (bench/cpushare.py); and the synthesis jobs of both sides
   (the pool's histograms of speech/metrics.py: the server's /metrics, this process's registry):
   how long a job ran (on a CPU, waiting for one, blocked: /proc scheduler statistics), how long it
   waited for a thread, and how busy the threads were.
@@ -42,17 +42,15 @@ import os
 import socket
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
+from cpushare import CpuMeter, cpu_seconds, cpu_table, job_round, job_totals, jobs_table, thread_schedstat  # noqa: E402
 from report import header, interval, write_section  # noqa: E402
 
 from speech.memory import QUIET_TRIM_AFTER_S  # noqa: E402
@@ -108,101 +106,6 @@ async def engine_round(engine, texts, c):
     t0 = time.perf_counter()
     results = await asyncio.gather(*(engine_session(engine, texts, t0) for _ in range(c)))
     return results, sum(r[2] for r in results) / max(r[1] for r in results)
-
-
-# -- where the CPU goes ----------------------------------------------------------------------------
-
-
-def cpu_seconds(pid, tid=None):
-    """User + system CPU seconds of process `pid`, or of its thread `tid` (Linux /proc)."""
-    stat = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu(pid):
-    """CPU seconds of each thread of `pid`, by thread id."""
-    seconds = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            seconds[int(tid)] = cpu_seconds(pid, tid)
-        except OSError:  # the thread ended
-            continue
-    return seconds
-
-
-def machine_times():
-    """(idle, total) CPU seconds of the whole machine since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (fields[3] + fields[4]) / ticks, sum(fields) / ticks
-
-
-class CpuMeter:
-    """CPU of one round: the server's event loop (main thread) and other threads, this process, the
-    machine's idle share."""
-
-    def __init__(self, server_pid):
-        self.pid = server_pid
-        self.server = thread_cpu(server_pid)
-        self.own = time.process_time()
-        self.machine = machine_times()
-
-    def read(self):
-        server = thread_cpu(self.pid)
-        spent = {tid: server[tid] - self.server.get(tid, 0.0) for tid in server}
-        idle, total = (now - then for now, then in zip(machine_times(), self.machine, strict=True))
-        loop = spent.pop(self.pid, 0.0)
-        return {
-            "loop": loop,
-            "threads": sum(spent.values()),
-            "own": time.process_time() - self.own,
-            "idle": idle / total if total else float("nan"),
-        }
-
-
-JOB_HISTOGRAMS = ("speech_engine_job_seconds", "speech_engine_job_wait_seconds")
-
-
-def job_totals(server_url=None):
-    """{histogram: (count, sum)} of the synthesis pool's job runs and waits (speech/metrics.py): the
-    server's /metrics at `server_url`, or this process's registry (the raw engine's pool)."""
-    if server_url is None:
-        get = REGISTRY.get_sample_value
-    else:
-        with urllib.request.urlopen(server_url + "/metrics", timeout=30) as response:
-            body = response.read().decode()
-        samples = {s.name: s.value for family in text_string_to_metric_families(body) for s in family.samples}
-        get = samples.get
-    return {name: (get(name + "_count") or 0.0, get(name + "_sum") or 0.0) for name in JOB_HISTOGRAMS}
-
-
-def thread_schedstat(pid):
-    """{tid: (seconds on a CPU, seconds runnable but waiting for a CPU)} of every thread of `pid` but its
-    main one (Linux /proc/<pid>/task/<tid>/schedstat, in nanoseconds)."""
-    times = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        if int(tid) == pid:
-            continue
-        try:
-            on_cpu, run_queue = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
-        except (OSError, ValueError):  # the thread ended, or no scheduler statistics
-            continue
-        times[tid] = (int(on_cpu) / 1e9, int(run_queue) / 1e9)
-    return times
-
-
-def job_round(jobs_before, jobs_after, sched_before, sched_after, wall_s):
-    """(jobs, seconds run, seconds waited for a thread, wall seconds, seconds the threads other than the main
-    one spent on a CPU, and runnable but waiting for one) of one round, from job_totals and
-    thread_schedstat readings before and after it."""
-    (runs, ran), (_, waited) = (
-        (jobs_after[name][0] - jobs_before[name][0], jobs_after[name][1] - jobs_before[name][1]) for name in JOB_HISTOGRAMS
-    )
-    on_cpu, run_queue = (
-        sum(times[k] - sched_before.get(tid, (0.0, 0.0))[k] for tid, times in sched_after.items()) for k in (0, 1)
-    )
-    return runs, ran, waited, wall_s, on_cpu, run_queue
 
 
 # -- the server ------------------------------------------------------------------------------------
@@ -339,52 +242,9 @@ async def paragraph_part(args, lines):
         "sessions that got a thread at once, then those that waited for one sentence, ...): at C = 4 the p50 of "
         "the table falls between two groups, so it moves by 10 % or more with the order of two values that "
         "have nothing to do with the server.",
-        "",
-        "Where the CPU goes, in ms of CPU per audio second over the same rounds (server rounds: the server's "
-        "event loop, its other threads, i.e. synthesis, and the client; engine rounds: this process, i.e. the "
-        "engine's threads and its event loop), and the share of the machine's CPU time left idle:",
-        "",
-        "| C | server: event loop | server: other threads | client | server + client | engine | "
-        "(server + client) / engine | idle, server / engine rounds |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for c in CONCURRENCY:
-        per = {key: cpu_per_audio_s(cpu[c][key]) for key in ("s", "e")}
-        served = per["s"]["loop"] + per["s"]["threads"] + per["s"]["own"]
-        lines.append(
-            f"| {c} | {per['s']['loop']:.2f} | {per['s']['threads']:.2f} | {per['s']['own']:.2f} | {served:.2f} | "
-            f"{per['e']['own']:.2f} | {served / per['e']['own']:.3f} | "
-            f"{per['s']['idle'] * 100:.1f} % / {per['e']['idle'] * 100:.1f} % |"
-        )
-    lines += [
-        "",
-        "The synthesis jobs of the same rounds (the pool's `speech_engine_job_seconds` and "
-        "`speech_engine_job_wait_seconds`, the same pool code on both sides): the mean time a job ran on a "
-        "thread and waited for one, and how busy the threads were (time run over threads x the round's wall "
-        "time, from the text sent to the last audio). A job's run splits, from /proc's scheduler statistics "
-        "of the threads other than the main one (the synthesis threads, on both sides), into time on a CPU, "
-        "time runnable but waiting for a CPU (the cores are busy with other threads and processes) and the "
-        "rest: blocked (on the GIL, on a lock), less what those threads spent outside jobs, so it can be a little "
-        "below zero. The server keeps each session's next segment queued "
-        "(look-ahead), so its jobs wait longer for a thread by design.",
-        "",
-        "| C | jobs a round, server / engine | mean run ms, server / engine | run, server / engine | "
-        "of a run (ms): on a CPU, server / engine | waiting for a CPU | rest (blocked) | "
-        "mean wait for a thread (ms), server / engine | threads busy, server / engine |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in CONCURRENCY:
-        s, e = (np.array(jobs[c][key]).sum(axis=0) for key in ("s", "e"))  # see job_round
-        run_s, run_e = s[1] / s[0] * 1000, e[1] / e[0] * 1000
-        on_s, on_e = s[4] / s[0] * 1000, e[4] / e[0] * 1000
-        queue_s, queue_e = s[5] / s[0] * 1000, e[5] / e[0] * 1000
-        lines.append(
-            f"| {c} | {s[0] / len(jobs[c]['s']):.0f} / {e[0] / len(jobs[c]['e']):.0f} | {run_s:.2f} / {run_e:.2f} | "
-            f"{run_s / run_e:.3f} | {on_s:.2f} / {on_e:.2f} | {queue_s:.2f} / {queue_e:.2f} | "
-            f"{run_s - on_s - queue_s:.2f} / {run_e - on_e - queue_e:.2f} | "
-            f"{s[2] / s[0] * 1000:.2f} / {e[2] / e[0] * 1000:.2f} | "
-            f"{s[1] / (args.workers * s[3]) * 100:.1f} % / {e[1] / (args.workers * e[3]) * 100:.1f} % |"
-        )
+    lines += cpu_table(cpu, CONCURRENCY)
+    lines += jobs_table(jobs, CONCURRENCY, args.workers)
 
 
 def ratio_interval(server_rates, engine_rates):
@@ -405,13 +265,6 @@ def rank_line(c, d):
         f"{ranks}; sum server / sum engine **{server.sum() / engine.sum():.2f}x** (90 % interval "
         f"{low:.2f}-{high:.2f}x; per rank {min(server / engine):.2f}-{max(server / engine):.2f}x)."
     )
-
-
-def cpu_per_audio_s(rounds):
-    """Each CPU figure of the rounds, summed, in ms per audio second; idle as the median share."""
-    audio = sum(seconds for _, seconds in rounds)
-    totals = {key: sum(reading[key] for reading, _ in rounds) * 1000 / audio for key in ("loop", "threads", "own")}
-    return totals | {"idle": float(np.median([reading["idle"] for reading, _ in rounds]))}
 
 
 # -- delivery cost ---------------------------------------------------------------------------------
