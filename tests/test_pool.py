@@ -7,6 +7,7 @@ Jobs are steered with threading.Event; nothing sleeps. Every wait has a hang gua
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 
@@ -198,14 +199,46 @@ async def test_submit_queues_at_once_and_discard_drops_a_job_not_started(pools):
     assert not dropped.ran
 
 
-async def test_discarding_a_running_job_lets_it_finish(pools):
+async def test_discarding_a_running_job_lets_it_finish_and_hands_its_result_to_no_one(pools):
     pool = pools(1)
     gate = Gate()
     job = pool.submit(gate, "done")
     await wait_started(gate)
     pool.discard(job)
     gate.release.set()
-    assert await asyncio.wait_for(pool.wait(job), GUARD_S) == "done"
+    # One worker: this job runs once the discarded one has finished on it.
+    assert await asyncio.wait_for(pool.run(lambda: "next"), GUARD_S) == "next"
+    assert pool.running == 0
+    with pytest.raises(asyncio.CancelledError):
+        await pool.wait(job)
+
+
+async def test_a_discarded_job_that_fails_once_running_leaves_no_unretrieved_error(pools):
+    """A stream closed unread (speech/engines/hibari.py) discards its first job, which may be running
+    already: if that job then fails, nobody is told, and asyncio must not report an error nobody
+    retrieved (a traceback in the server's log for a segment the client had already dropped)."""
+    loop = asyncio.get_running_loop()
+    reported = []
+    loop.set_exception_handler(lambda loop, context: reported.append(context["message"]))
+    try:
+        pool = pools(1)
+        gate = Gate()
+
+        def fails():
+            gate()
+            raise ValueError("the engine failed")
+
+        job = pool.submit(fails)
+        await wait_started(gate)
+        pool.discard(job)
+        gate.release.set()
+        # One worker: this job runs after the failed one has finished and been handed back.
+        assert await asyncio.wait_for(pool.run(lambda: "after"), GUARD_S) == "after"
+        del job
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert reported == []
 
 
 async def test_estimated_wait_counts_current_work_ahead_only(pools):

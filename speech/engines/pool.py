@@ -107,10 +107,12 @@ class SynthesisPool:
             raise
 
     def discard(self, job):
-        """Drop a submitted job that has not started; one that has finishes, and nobody hears of it."""
+        """Drop a submitted job that has not started; one that has finishes, and nobody hears of it: its
+        future is cancelled, so its result or error is handed to no one (`_settle`)."""
         with self._lock:
             if job in self._waiting:
                 self._waiting.remove(job)
+        job.future.cancel()
 
     def _dispatch(self):
         while True:
