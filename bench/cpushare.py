@@ -14,20 +14,21 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def cpu_seconds(pid, tid=None):
-    """User + system CPU seconds of process `pid`, or of its thread `tid` (Linux /proc)."""
-    stat = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat")
-    fields = stat.read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid):
+    """User + system CPU seconds of process `pid` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu(pid):
-    """CPU seconds of each thread of `pid`, by thread id."""
+def thread_on_cpu(pid):
+    """Seconds on a CPU of each thread of `pid`, by thread id, to the nanosecond (Linux
+    /proc/<pid>/task/<tid>/schedstat; /proc's stat counts in ticks of 10 ms, as much as a server's
+    event loop spends in a round)."""
     seconds = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            seconds[int(tid)] = cpu_seconds(pid, tid)
-        except OSError:  # the thread ended
+            seconds[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError):  # the thread ended, or no scheduler statistics
             continue
     return seconds
 
@@ -40,17 +41,17 @@ def machine_times():
 
 
 class CpuMeter:
-    """CPU of one round: the server's event loop (main thread) and other threads, this process, the
-    machine's idle share."""
+    """CPU of one round, from when it is made to `read`: the server's event loop (main thread) and
+    other threads, this process, the machine's idle and total CPU seconds."""
 
     def __init__(self, server_pid):
         self.pid = server_pid
-        self.server = thread_cpu(server_pid)
+        self.server = thread_on_cpu(server_pid)
         self.own = time.process_time()
         self.machine = machine_times()
 
     def read(self):
-        server = thread_cpu(self.pid)
+        server = thread_on_cpu(self.pid)
         spent = {tid: server[tid] - self.server.get(tid, 0.0) for tid in server}
         idle, total = (now - then for now, then in zip(machine_times(), self.machine, strict=True))
         loop = spent.pop(self.pid, 0.0)
@@ -58,7 +59,8 @@ class CpuMeter:
             "loop": loop,
             "threads": sum(spent.values()),
             "own": time.process_time() - self.own,
-            "idle": idle / total if total else float("nan"),
+            "idle": idle,
+            "total": total,
         }
 
 
@@ -107,19 +109,23 @@ def job_round(jobs_before, jobs_after, sched_before, sched_after, wall_s):
 
 
 def cpu_per_audio_s(rounds):
-    """Each CPU figure of the rounds, summed, in ms per audio second; idle as the median share."""
+    """Each CPU figure of the rounds, summed, in ms per audio second; idle as a share of the machine's CPU
+    time over all of them (one round is a few ticks of /proc/stat)."""
     audio = sum(seconds for _, seconds in rounds)
     totals = {key: sum(reading[key] for reading, _ in rounds) * 1000 / audio for key in ("loop", "threads", "own")}
-    return totals | {"idle": float(np.median([reading["idle"] for reading, _ in rounds]))}
+    idle, total = (sum(reading[key] for reading, _ in rounds) for key in ("idle", "total"))
+    return totals | {"idle": idle / total if total else float("nan")}
 
 
 def cpu_table(cpu, concurrency):
     """The lines of the CPU table: {C: {"s": [(CpuMeter reading, audio seconds) of each server round], "e": [...]}}."""
     lines = [
         "",
-        "Where the CPU goes, in ms of CPU per audio second over the same rounds (server rounds: the server's "
-        "event loop, its other threads, i.e. synthesis, and the client; engine rounds: this process, i.e. the "
-        "engine's threads and its event loop), and the share of the machine's CPU time left idle:",
+        "Where the CPU goes, in ms of CPU per audio second over the same rounds, from the text sent to the last "
+        "audio (the handshakes before it left out: they are bench/handshake.py's), the time the throughput is "
+        "measured over (server rounds: the server's event loop, its other threads, i.e. synthesis, and the "
+        "client; engine rounds: this process, i.e. the engine's threads and its event loop), and the share of "
+        "the machine's CPU time left idle:",
         "",
         "| C | server: event loop | server: other threads | client | server + client | engine | "
         "(server + client) / engine | idle, server / engine rounds |",

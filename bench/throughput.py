@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -104,10 +105,13 @@ async def engine_session(engine, texts, t0):
     return first - t0, last - t0, samples / engine.capabilities.sample_rate
 
 
-async def engine_round(engine, texts, c):
+async def engine_round(engine, texts, c, meter=lambda: None):
+    """The paragraph's segments through the engine in C sessions at once: (each session's first audio,
+    last audio, audio seconds), audio seconds per wall second, and `meter()` called as the clock starts."""
+    reading = meter()
     t0 = time.perf_counter()
     results = await asyncio.gather(*(engine_session(engine, texts, t0) for _ in range(c)))
-    return results, sum(r[2] for r in results) / max(r[1] for r in results)
+    return results, sum(r[2] for r in results) / max(r[1] for r in results), reading
 
 
 # -- the server ------------------------------------------------------------------------------------
@@ -135,14 +139,17 @@ async def read_to_close(ws, t0):
     return first - t0, last - t0, received / 2 / RATE
 
 
-async def server_round(url, c):
+async def server_round(url, c, meter=lambda: None):
+    """C sessions configured, then the paragraph sent whole to each, as engine_round; the clock and
+    `meter()` start after the handshakes (their latency is bench/handshake.py's)."""
     sockets = await asyncio.gather(*(configured_session(url, {"stream_audio": True}) for _ in range(c)))
+    reading = meter()
     t0 = time.perf_counter()
     for ws in sockets:
         await ws.send(json.dumps({"type": "input.text", "text": PARAGRAPH}))
         await ws.send(json.dumps({"type": "input.done"}))
     results = await asyncio.gather(*(read_to_close(ws, t0) for ws in sockets))
-    return results, sum(r[2] for r in results) / max(r[1] for r in results)
+    return results, sum(r[2] for r in results) / max(r[1] for r in results), reading
 
 
 async def paragraph_part(args, lines):
@@ -176,13 +183,13 @@ async def paragraph_part(args, lines):
                     job_source, threads_of = (server.http_url, server.proc.pid) if side == "server" else (None, os.getpid())
                     jobs_before = job_totals(job_source)  # read outside the CPU meter's window
                     sched_before = thread_schedstat(threads_of)
-                    meter = CpuMeter(server.proc.pid)
+                    meter = functools.partial(CpuMeter, server.proc.pid)  # over the time the throughput is measured
                     if side == "server":
-                        results, rate = await server_round(server.ws_url, c)
+                        results, rate, started = await server_round(server.ws_url, c, meter)
                     else:
-                        results, rate = await engine_round(engine, texts, c)
+                        results, rate, started = await engine_round(engine, texts, c, meter)
                     key = side[0]
-                    cpu[c][key].append((meter.read(), sum(r[2] for r in results)))
+                    cpu[c][key].append((started.read(), sum(r[2] for r in results)))
                     sched_after = thread_schedstat(threads_of)
                     wall_s = max(r[1] for r in results)
                     jobs[c][key].append(job_round(jobs_before, job_totals(job_source), sched_before, sched_after, wall_s))
