@@ -20,17 +20,20 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def thread_on_cpu(pid):
-    """Seconds on a CPU of each thread of `pid`, by thread id, to the nanosecond (Linux
-    /proc/<pid>/task/<tid>/schedstat; /proc's stat counts in ticks of 10 ms, as much as a server's
-    event loop spends in a round)."""
-    seconds = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
+def thread_schedstat(pid, *, main=True):
+    """{tid: (seconds on a CPU, seconds runnable but waiting for a CPU)} of each thread of `pid` (with
+    main=False, all but its main one), to the nanosecond (Linux /proc/<pid>/task/<tid>/schedstat;
+    /proc's stat counts in ticks of 10 ms, as much as a server's event loop spends in a round)."""
+    times = {}
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        if tid == pid and not main:
+            continue
         try:
-            seconds[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+            on_cpu, run_queue = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
         except (OSError, ValueError):  # the thread ended, or no scheduler statistics
             continue
-    return seconds
+        times[tid] = (int(on_cpu) / 1e9, int(run_queue) / 1e9)
+    return times
 
 
 def machine_times():
@@ -40,18 +43,22 @@ def machine_times():
     return (fields[3] + fields[4]) / ticks, sum(fields) / ticks
 
 
+def _on_cpu(pid):
+    return {tid: times[0] for tid, times in thread_schedstat(pid).items()}
+
+
 class CpuMeter:
     """CPU of one round, from when it is made to `read`: the server's event loop (main thread) and
     other threads, this process, the machine's idle and total CPU seconds."""
 
     def __init__(self, server_pid):
         self.pid = server_pid
-        self.server = thread_on_cpu(server_pid)
+        self.server = _on_cpu(server_pid)
         self.own = time.process_time()
         self.machine = machine_times()
 
     def read(self):
-        server = thread_on_cpu(self.pid)
+        server = _on_cpu(self.pid)
         spent = {tid: server[tid] - self.server.get(tid, 0.0) for tid in server}
         idle, total = (now - then for now, then in zip(machine_times(), self.machine, strict=True))
         loop = spent.pop(self.pid, 0.0)
@@ -78,21 +85,6 @@ def job_totals(server_url=None):
         samples = {s.name: s.value for family in text_string_to_metric_families(body) for s in family.samples}
         get = samples.get
     return {name: (get(name + "_count") or 0.0, get(name + "_sum") or 0.0) for name in JOB_HISTOGRAMS}
-
-
-def thread_schedstat(pid):
-    """{tid: (seconds on a CPU, seconds runnable but waiting for a CPU)} of every thread of `pid` but its
-    main one (Linux /proc/<pid>/task/<tid>/schedstat, in nanoseconds)."""
-    times = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        if int(tid) == pid:
-            continue
-        try:
-            on_cpu, run_queue = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
-        except (OSError, ValueError):  # the thread ended, or no scheduler statistics
-            continue
-        times[tid] = (int(on_cpu) / 1e9, int(run_queue) / 1e9)
-    return times
 
 
 def job_round(jobs_before, jobs_after, sched_before, sched_after, wall_s):

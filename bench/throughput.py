@@ -182,7 +182,7 @@ async def paragraph_part(args, lines):
                 for side in order:
                     job_source, threads_of = (server.http_url, server.proc.pid) if side == "server" else (None, os.getpid())
                     jobs_before = job_totals(job_source)  # read outside the CPU meter's window
-                    sched_before = thread_schedstat(threads_of)
+                    sched_before = thread_schedstat(threads_of, main=False)
                     meter = functools.partial(CpuMeter, server.proc.pid)  # over the time the throughput is measured
                     if side == "server":
                         results, rate, started = await server_round(server.ws_url, c, meter)
@@ -190,7 +190,7 @@ async def paragraph_part(args, lines):
                         results, rate, started = await engine_round(engine, texts, c, meter)
                     key = side[0]
                     cpu[c][key].append((started.read(), sum(r[2] for r in results)))
-                    sched_after = thread_schedstat(threads_of)
+                    sched_after = thread_schedstat(threads_of, main=False)
                     wall_s = max(r[1] for r in results)
                     jobs[c][key].append(job_round(jobs_before, job_totals(job_source), sched_before, sched_after, wall_s))
                     pair[key], rates[key] = results[0], rate
