@@ -491,3 +491,36 @@ async def test_audio_ahead_counts_from_after_a_pause_not_from_the_first_frame(mo
     await idle.wait()
     clock.now = 200.25
     assert pipeline.audio_ahead_s() == pytest.approx(0.75)
+
+
+async def test_the_segment_being_delivered_is_due_when_its_client_runs_out_of_audio(monkeypatch):
+    """Its ticket's deadline orders the engine's queue (speech/engines/pool.py): a segment is due when
+    the client will have played the audio sent before it, or when its text came if that is later, and
+    every frame sent of it pushes its further jobs back by the frame's length."""
+    from speech.stream import pipeline as module
+
+    clock = Clock(100.0)
+    monkeypatch.setattr(module, "time", clock)
+    engine, t = GatedEngine(chunk_s=1.0, chunks=2), Recorder()
+    pipeline, idle = make_pipeline(engine, t)
+    pipeline.enqueue("One.")
+    pipeline.enqueue("Two.")
+    one, two = pipeline.jobs
+    assert (one.ticket.current, one.ticket.deadline) == (True, 100.0)  # the first audio: due when its text came
+    assert (two.ticket.current, two.ticket.deadline) == (False, None)  # look-ahead: behind every current segment
+    clock.now = 100.5
+    engine.gate("One.").set()
+    await until(lambda: two.ticket.current)
+    assert one.ticket.deadline == pytest.approx(102.5)  # 2 s of audio sent at 100.5
+    assert two.ticket.deadline == pytest.approx(102.5)
+    clock.now = 101.0
+    engine.gate("Two.").set()
+    await idle.wait()
+    assert two.ticket.deadline == pytest.approx(104.5)
+    clock.now = 200.0  # all played long ago: new text is due when it comes
+    pipeline.enqueue("Three.")
+    (three,) = pipeline.jobs
+    assert three.ticket.deadline == 200.0
+    engine.gate("Three.").set()
+    await idle.wait()
+    await guard(pipeline.aclose())

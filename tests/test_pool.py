@@ -1,5 +1,5 @@
-"""speech.engines.pool.SynthesisPool: blocking work off the loop, the most urgent job first,
-nothing refused, queued work dropped on cancel.
+"""speech.engines.pool.SynthesisPool: blocking work off the loop, the most urgent job first (current
+segments before look-ahead, then by deadline), nothing refused, queued work dropped on cancel.
 
 Jobs are steered with threading.Event; nothing sleeps. Every wait has a hang guard.
 """
@@ -121,37 +121,64 @@ async def test_nothing_is_refused_every_queued_job_runs(pools, workers):
     assert pool.depth == 0 and pool.running == 0
 
 
-async def test_current_segments_go_before_look_ahead_then_first_come_first_served(pools):
-    pool = pools(1)
+async def run_order(pool, jobs, meanwhile=lambda: None):
+    """Queue `jobs` ((name, ticket or None) pairs, in this order) on a pool whose threads are all busy,
+    call `meanwhile()`, free the threads and return the names in the order the jobs ran."""
     gates, blockers = await busy(pool)
     order = Order()
-    tasks = [
-        asyncio.create_task(pool.run(order.job("ahead-1"), ticket=Ticket(current=False))),
-        asyncio.create_task(pool.run(order.job("current-1"))),
-        asyncio.create_task(pool.run(order.job("ahead-2"), ticket=Ticket(current=False))),
-        asyncio.create_task(pool.run(order.job("current-2"), ticket=Ticket(current=True))),
-    ]
+    tasks = [asyncio.create_task(pool.run(order.job(name), **({"ticket": ticket} if ticket else {}))) for name, ticket in jobs]
     await asyncio.sleep(0)
+    meanwhile()
     await release(gates, blockers)
     await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S)
-    assert order.ran == ["current-1", "current-2", "ahead-1", "ahead-2"]
+    return order.ran
+
+
+async def test_current_segments_go_before_look_ahead_then_first_come_first_served(pools):
+    jobs = [
+        ("ahead-1", Ticket(current=False)),
+        ("current-1", None),
+        ("ahead-2", Ticket(current=False)),
+        ("current-2", Ticket(current=True)),
+    ]
+    assert await run_order(pools(1), jobs) == ["current-1", "current-2", "ahead-1", "ahead-2"]
 
 
 async def test_a_look_ahead_that_becomes_current_moves_up_at_once(pools):
-    pool = pools(1)
-    gates, blockers = await busy(pool)
-    order = Order()
     promoted = Ticket(current=False)
-    tasks = [
-        asyncio.create_task(pool.run(order.job("other session's look-ahead"), ticket=Ticket(current=False))),
-        asyncio.create_task(pool.run(order.job("promoted"), ticket=promoted)),
-        asyncio.create_task(pool.run(order.job("later current"))),
+    jobs = [("other session's look-ahead", Ticket(current=False)), ("promoted", promoted), ("later current", None)]
+
+    def becomes_current():  # its segment became the one being delivered while it waited
+        promoted.current = True
+
+    ran = await run_order(pools(1), jobs, becomes_current)
+    assert ran == ["promoted", "later current", "other session's look-ahead"]
+
+
+async def test_current_segments_go_by_deadline_and_a_job_without_one_is_due_when_queued(pools):
+    """The deadline is when the session's client runs out of audio (speech/stream/pipeline.py): a
+    session that has run dry goes first, then a job queued with no deadline (a REST request), then
+    a session whose listener still has audio in hand, queued before both; look-ahead after all."""
+    now = time.monotonic()
+    jobs = [
+        ("look-ahead, overdue", Ticket(current=False, deadline=now - 60)),
+        ("10 s of audio in hand", Ticket(deadline=now + 10)),
+        ("no deadline", None),
+        ("ran dry 5 s ago", Ticket(deadline=now - 5)),
     ]
-    await asyncio.sleep(0)
-    promoted.current = True  # its segment became the one being delivered while it waited
-    await release(gates, blockers)
-    await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S)
-    assert order.ran == ["promoted", "later current", "other session's look-ahead"]
+    ran = await run_order(pools(1), jobs)
+    assert ran == ["ran dry 5 s ago", "no deadline", "10 s of audio in hand", "look-ahead, overdue"]
+
+
+async def test_a_deadline_is_read_when_a_thread_frees(pools):
+    now = time.monotonic()
+    later = Ticket(deadline=now + 1)
+
+    def audio_sent():  # its session sent audio while the job waited
+        later.deadline += 10
+
+    ran = await run_order(pools(1), [("moved later", later), ("due in 2 s", Ticket(deadline=now + 2))], audio_sent)
+    assert ran == ["due in 2 s", "moved later"]
 
 
 async def test_cancelling_a_queued_job_drops_it_unrun(pools):

@@ -160,8 +160,9 @@ class Pipeline:
             self._delivery = asyncio.create_task(self._deliver_all(), name=f"{self.session_id}-delivery")
 
     def _start_producers(self) -> None:
-        """The segment being delivered is synthesised at the front of the engine's queue; the next
-        one (look-ahead) waits behind every session's current segments. While the client has no
+        """The segment being delivered is synthesised at the front of the engine's queue, by the deadline
+        of its ticket: when the client will have played the audio it was sent (speech/engines/pool.py);
+        the next one (look-ahead) waits behind every session's current segments. While the client has no
         audio of this utterance yet, the look-ahead starts only once the current segment's first
         frame is sent (its first chunk, when audio is sent as a file), so it never delays the first
         audio; once audio flows, it starts with the current segment, and a fast reader gets two
@@ -170,6 +171,8 @@ class Pipeline:
             if position > LOOKAHEAD:
                 break
             if position == 0:
+                # Due when the client has played what it was sent, or when its text came if that is later.
+                job.ticket.deadline = max(self._played_out_at, job.queued_at)
                 job.ticket.current = True
             elif not (self._flowing or self.jobs[position - 1].started):
                 break
@@ -279,6 +282,7 @@ class Pipeline:
         metrics.audio_sent(len(data), seconds)
         now = time.monotonic()
         self._played_out_at = max(self._played_out_at, now) + seconds
+        job.ticket.deadline = self._played_out_at  # the segment's further jobs are due once this is played
         if self.first_audio_s is None:
             self.first_audio_s = now - job.queued_at
             metrics.TTFA.observe(self.first_audio_s)
