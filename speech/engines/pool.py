@@ -10,7 +10,7 @@ sentence and for a session that has run dry, and sessions that read as fast as t
 together instead of drifting apart: a burst then ends with both threads busy, not with one thread
 finishing a straggler alone (bench/throughput.py's paragraph at C = 4 and 8, against first come,
 first served: 1.2-2.6 % more audio per wall second at C = 4 and 0.4-2.2 % at C = 8, the paired
-medians of three interleaved A/B runs of 40 rounds).
+medians of five interleaved A/B runs of 40-48 rounds; two A/A runs of one code: 0.3-0.5 %).
 
 No job waits forever: a deadline moves only while audio of its own segment is being sent, so newer
 work goes ahead of a job only if it is due sooner, before its listener would miss anything. The
