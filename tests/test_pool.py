@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import sys
 import threading
 import time
 
@@ -331,3 +333,44 @@ async def test_every_job_that_runs_reports_its_wait_and_its_run_a_dropped_one_do
     held = held_until - held_from
     assert gate_ran >= held  # the gate ran while the queued job waited
     assert queued_waited >= held
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives each thread its own niceness")
+async def test_synthesis_threads_run_below_the_event_loops_priority(pools):
+    """SYNTHESIS_NICE is added to the process's niceness on every synthesis thread, and the event
+    loop's thread keeps its own."""
+    loop_niceness = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    pool = pools(2)
+    gates = [Gate() for _ in range(2)]
+
+    def niceness(gate):
+        gate()
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    # Both jobs are held at once, so they run on two threads.
+    tasks = [asyncio.create_task(pool.run(niceness, gate)) for gate in gates]
+    for gate in gates:
+        await wait_started(gate)
+    for gate in gates:
+        gate.release.set()
+    expected = min(19, loop_niceness + pool_module.SYNTHESIS_NICE)
+    assert await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S) == [expected, expected]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_niceness
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives each thread its own niceness")
+def test_a_synthesis_thread_started_by_another_is_not_lowered_twice():
+    """A new thread inherits the niceness of the thread that starts it, which may be a synthesis
+    thread (ThreadPoolExecutor starts threads from whichever thread submits): the value is absolute."""
+    target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + pool_module.SYNTHESIS_NICE)
+    seen = []
+
+    def started_by_a_synthesis_thread():
+        pool_module._lower_priority(target)  # what it inherited
+        pool_module._lower_priority(target)  # its own initializer
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=started_by_a_synthesis_thread)
+    thread.start()
+    thread.join(GUARD_S)
+    assert seen == [target]
