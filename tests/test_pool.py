@@ -16,7 +16,7 @@ import time
 import pytest
 
 from speech.engines import pool as pool_module
-from speech.engines.pool import SynthesisPool, Ticket
+from speech.engines.pool import CURRENT, SynthesisPool, Ticket
 
 GUARD_S = 5
 
@@ -128,7 +128,7 @@ async def run_order(pool, jobs, meanwhile=lambda: None):
     call `meanwhile()`, free the threads and return the names in the order the jobs ran."""
     gates, blockers = await busy(pool)
     order = Order()
-    tasks = [asyncio.create_task(pool.run(order.job(name), **({"ticket": ticket} if ticket else {}))) for name, ticket in jobs]
+    tasks = [asyncio.create_task(pool.run(order.job(name), ticket=ticket or CURRENT)) for name, ticket in jobs]
     await asyncio.sleep(0)
     meanwhile()
     await release(gates, blockers)
@@ -359,18 +359,19 @@ async def test_synthesis_threads_run_below_the_event_loops_priority(pools):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives each thread its own niceness")
-def test_a_synthesis_thread_started_by_another_is_not_lowered_twice():
-    """A new thread inherits the niceness of the thread that starts it, which may be a synthesis
-    thread (ThreadPoolExecutor starts threads from whichever thread submits): the value is absolute."""
+def test_a_synthesis_thread_started_by_a_lowered_thread_is_not_lowered_twice(pools):
+    """A new thread inherits the niceness of the thread that starts it, and ThreadPoolExecutor starts
+    threads from whichever thread submits, a synthesis thread included: here an event loop on a thread
+    already at the synthesis threads' niceness submits the pool's first job."""
     target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + pool_module.SYNTHESIS_NICE)
+    pool = pools(1)
     seen = []
 
-    def started_by_a_synthesis_thread():
-        pool_module._lower_priority(target)  # what it inherited
-        pool_module._lower_priority(target)  # its own initializer
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+    def lowered_thread():
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), target)
+        seen.append(asyncio.run(pool.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))))
 
-    thread = threading.Thread(target=started_by_a_synthesis_thread)
+    thread = threading.Thread(target=lowered_thread)
     thread.start()
     thread.join(GUARD_S)
     assert seen == [target]

@@ -91,9 +91,13 @@ class _Job:
 class SynthesisPool:
     def __init__(self, workers, name):
         self.workers = workers
-        self._executor = ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix=name, initializer=_lower_priority, initargs=(_niceness() + SYNTHESIS_NICE,)
-        )
+        lowered = {}
+        if sys.platform.startswith("linux"):  # every thread has its own niceness; elsewhere a thread's id is not a process's
+            lowered = {
+                "initializer": _lower_priority,
+                "initargs": (os.getpriority(os.PRIO_PROCESS, os.getpid()) + SYNTHESIS_NICE,),
+            }
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, **lowered)
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
         self._waiting: list[_Job] = []  # scanned when a thread frees: at most two jobs a session
         self._running = 0
@@ -192,17 +196,10 @@ class SynthesisPool:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _niceness():
-    """The process's niceness (its main thread's), or 0 where threads cannot be given their own."""
-    return os.getpriority(os.PRIO_PROCESS, os.getpid()) if sys.platform.startswith("linux") else 0
-
-
 def _lower_priority(niceness):
-    """On each synthesis thread as it starts: Linux gives every thread its own niceness (elsewhere a
-    thread's id is not a process's, and nothing changes). An absolute value, because a new thread
-    inherits the niceness of the thread that started it, which may be another synthesis thread."""
-    if not sys.platform.startswith("linux"):
-        return
+    """On each synthesis thread as it starts (Linux): the process's niceness plus SYNTHESIS_NICE, as an
+    absolute value, because a new thread inherits the niceness of the thread that started it, which
+    may be another synthesis thread (ThreadPoolExecutor starts threads from whichever submits)."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, niceness))
     except OSError:  # not allowed here (a sandbox): synthesis runs at the loop's priority
