@@ -128,7 +128,7 @@ async def engine_round(engine, texts, c, meter=lambda: None):
 
 async def paragraph_session(http, url):
     """A session configured for streamed audio, on aiohttp's client (`http`, a ClientSession)."""
-    ws = await http.ws_connect(url, max_msg_size=0, receive_timeout=RECV_TIMEOUT_S)
+    ws = await http.ws_connect(url, max_msg_size=0, timeout=aiohttp.ClientWSTimeout(ws_receive=RECV_TIMEOUT_S, ws_close=10.0))
     await ws.send_str(json.dumps({"type": "session.config", "session": {"stream_audio": True}}))
     reply = await ws.receive()
     assert reply.type is aiohttp.WSMsgType.TEXT and json.loads(reply.data)["type"] == "session.configured", reply
