@@ -59,7 +59,7 @@ from cpushare import CpuMeter, cpu_seconds, cpu_table, job_round, job_totals, jo
 from report import header, interval, write_section  # noqa: E402
 
 from speech.memory import QUIET_TRIM_AFTER_S  # noqa: E402
-from tests.support.live import RECV_TIMEOUT_S, DaphneServer, open_session, recv_item  # noqa: E402
+from tests.support.live import RECV_TIMEOUT_S, DaphneServer, configure, open_session  # noqa: E402
 
 SECTION = "## Delivery and throughput (bench/throughput.py)"
 RATE = 24000
@@ -303,17 +303,10 @@ def rank_line(c, d):
 # -- delivery cost ---------------------------------------------------------------------------------
 
 
-async def configured_session(url, config):
-    ws = await open_session(url)
-    await ws.send(json.dumps({"type": "session.config", "session": config}))
-    reply = await recv_item(ws)
-    assert reply.kind == "event" and reply.data["type"] == "session.configured", reply
-    return ws
-
-
 async def player(url, text):
     """A client that plays at real time with a 1 s buffer: it reads while its buffer is short."""
-    ws = await configured_session(url, {"stream_audio": True})
+    ws = await open_session(url)
+    await configure(ws, {"stream_audio": True})
     await ws.send(json.dumps({"type": "input.text", "text": text}))
     await ws.send(json.dumps({"type": "input.done"}))
     started = None

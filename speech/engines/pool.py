@@ -55,8 +55,6 @@ from .. import metrics
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
-
-
 SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (weight 1024 -> 335)
 
 
