@@ -190,6 +190,17 @@ def test_pcm16_clips(value, expected):
     assert np.frombuffer(audio.pcm16(np.array([value], np.float32)), "<i2")[0] == expected
 
 
+def test_quantise_gives_int16_and_leaves_its_input_and_16_bit_samples_alone():
+    samples = np.array([0.0, 0.5, -0.5, 1.0, -1.0, 1.5, 2.6 / 32768, -0.4 / 32768], np.float32)
+    before = samples.copy()
+    ints = audio.quantise(samples)
+    assert ints.dtype == np.dtype("<i2")
+    assert ints.tolist() == [0, 16384, -16384, 32767, -32768, 32767, 3, 0]
+    assert np.array_equal(samples, before)  # rounded and saturated in an array of its own
+    assert audio.quantise(ints) is ints
+    assert audio.pcm16(ints) == ints.tobytes()
+
+
 def test_pcm16_empty():
     assert audio.pcm16(np.zeros(0, np.float32)) == b""
 

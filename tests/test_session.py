@@ -135,6 +135,28 @@ async def test_forwarded_options_reach_the_engine(speech):
     await s.finish()
 
 
+@pytest.mark.parametrize(
+    ("engine_speeds", "config", "pcm16"),
+    [
+        ((0.25, 4.0), {}, True),
+        ((0.25, 4.0), {"speed": 1.5}, True),  # the engine speaks faster itself: nothing left to transform
+        ((1.0, 1.0), {"speed": 1.5}, False),  # time-stretched here, on float32 samples
+        ((0.25, 4.0), {"sample_rate": 16000}, False),  # resampled here
+    ],
+    ids=["plain", "engine-speed", "stretched", "resampled"],
+)
+async def test_the_engine_quantises_when_no_transform_follows(speech, engine_speeds, config, pcm16):
+    engine = FakeEngine(speed_range=engine_speeds)
+    s = await speech(engine, stream_audio=True, **config)
+    await s.text("Hello there.")
+    items = await drain(s)
+    (request,) = engine.requests
+    assert request.pcm16 is pcm16
+    if pcm16:  # the same bytes as the engine's float32 audio encoded on the loop
+        assert b"".join(check_segment_order(items)[0][1]) == expected_pcm(engine, 2)
+    await s.finish()
+
+
 BIG = 200_000  # max_config_bytes in these cases
 
 FATAL_HANDSHAKES = [

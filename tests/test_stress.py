@@ -13,6 +13,7 @@ import threading
 import unicodedata
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from speech.engines.base import EngineError
@@ -490,6 +491,45 @@ def test_hibari_reads_no_entropy_on_the_event_loop(monkeypatch):
     loop_thread, chunks = asyncio.run(run())
     assert chunks and chunks[0].size
     assert reads and loop_thread not in reads
+
+
+def test_hibari_quantises_on_its_synthesis_threads_when_asked(monkeypatch):
+    """`SynthesisRequest.pcm16`: 16-bit chunks, the same seed's float32 chunks quantised, and quantised in
+    the pool's jobs, never on the event loop (where it took an eighth of the loop's CPU: base.py)."""
+    from speech.audio import signal
+    from speech.engines import SynthesisRequest
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+    quantised_on = []
+    quantise = signal.quantise
+
+    def recorded(samples):
+        quantised_on.append(threading.get_ident())
+        return quantise(samples)
+
+    monkeypatch.setattr(signal, "quantise", recorded)
+    text = "Two sentences in one segment. The second one is its own job."
+
+    async def run():
+        loop_thread = threading.get_ident()
+        voice = engine.capabilities.default_voice
+        try:
+            chunks = {
+                pcm16: [chunk async for chunk in engine.stream(SynthesisRequest(text, voice, options={"seed": 5}, pcm16=pcm16))]
+                for pcm16 in (False, True)
+            }
+        finally:
+            await engine.aclose()
+        return loop_thread, chunks
+
+    loop_thread, chunks = asyncio.run(run())
+    floats, ints = chunks[False], chunks[True]
+    assert len(floats) == len(ints) == 2
+    assert all(chunk.dtype == np.float32 for chunk in floats)
+    assert all(chunk.dtype == np.dtype("<i2") for chunk in ints)
+    assert all(np.array_equal(i, quantise(f)) for f, i in zip(floats, ints, strict=True))
+    assert len(quantised_on) == 2 and loop_thread not in quantised_on
 
 
 HARD_TEXTS = [

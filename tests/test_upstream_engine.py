@@ -212,6 +212,15 @@ async def test_samples_are_int16_over_32768_exactly(up, engines, chunks):
     assert np.array_equal(got, samples(b"".join(chunks)))
 
 
+async def test_a_pcm16_request_gets_the_upstream_samples_as_they_are(up, engines):
+    data = EDGE + TONE[:400]
+    up.script(Reply(chunks=odd_split(data)))
+    chunks, error = await outcome(engines(up.url), SynthesisRequest("Hello there.", "default", pcm16=True))
+    assert error is None and chunks
+    assert all(chunk.dtype == np.dtype("<i2") for chunk in chunks)
+    assert b"".join(chunk.tobytes() for chunk in chunks) == data
+
+
 async def test_trailing_odd_byte_fails(up, engines):
     up.script(Reply(chunks=[TONE[:101], TONE[101:4001]]))
     chunks, error = await outcome(engines(up.url))
@@ -445,6 +454,15 @@ async def test_l16_is_read_big_endian_as_rfc_2586_defines_it(mock, engines):
     big_endian = np.frombuffer(TONE, "<i2").astype(">i2").tobytes()
     mock.script(Reply(headers={"content-type": "audio/L16; rate=24000"}, chunks=[big_endian[:3], big_endian[3:]]))
     assert np.array_equal(await audio(engines(mock)), samples(TONE))
+
+
+async def test_l16_is_little_endian_int16_for_a_pcm16_request(mock, engines):
+    big_endian = np.frombuffer(TONE, "<i2").astype(">i2").tobytes()
+    mock.script(Reply(headers={"content-type": "audio/L16; rate=24000"}, chunks=[big_endian[:3], big_endian[3:]]))
+    chunks, error = await outcome(engines(mock), SynthesisRequest("Hello there.", "default", pcm16=True))
+    assert error is None
+    assert all(chunk.dtype == np.dtype("<i2") for chunk in chunks)
+    assert b"".join(chunk.tobytes() for chunk in chunks) == TONE
 
 
 async def test_pool_exhaustion_fails_within_the_pool_timeout(up, engines):

@@ -1,6 +1,7 @@
 """Audio helpers: trimming an engine's padding, loudness, and 16-bit PCM.
 
-Engines hand over float32 mono arrays in [-1, 1]; everything here works on those.
+Engines make float32 mono arrays in [-1, 1]; everything here works on those, and `quantise` turns
+them into the 16-bit samples every output format is made from.
 """
 
 import numpy as np
@@ -59,11 +60,21 @@ def normalise(samples):
     return (samples * np.float32(gain)).astype(np.float32, copy=False)
 
 
-def pcm16(samples):
-    """Signed 16-bit little-endian bytes, FFmpeg's convention: rounded x * 32768, saturated. The
+def quantise(samples):
+    """16-bit samples (int16, little-endian), FFmpeg's convention: rounded x * 32768, saturated. The
     inverse of reading s16 as n / 32768, so 16-bit audio passes through (an upstream engine's PCM,
-    say) bit for bit."""
-    return np.clip(np.rint(samples * np.float32(32768.0)), -32768, 32767).astype("<i2").tobytes()
+    say) bit for bit. Samples that are 16-bit already are returned as they are."""
+    if samples.dtype == np.int16:
+        return samples
+    scaled = samples * np.float32(32768.0)  # one new array, then rounded and saturated in place
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, -32768, 32767, out=scaled)
+    return scaled.astype("<i2")
+
+
+def pcm16(samples):
+    """Signed 16-bit little-endian bytes of float32 or 16-bit samples (`quantise`)."""
+    return quantise(samples).tobytes()
 
 
 def from_pcm16(data, dtype="<i2"):

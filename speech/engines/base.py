@@ -39,6 +39,9 @@ class SynthesisRequest:
     options: Mapping[str, Any] = field(default_factory=dict)  # model, language, seed, temperature, …
     reference: Any = None  # speech.voices.ReferenceVoice: audio + transcript, for engines that clone
     ticket: Ticket = CURRENT  # the segment's place in a synthesis pool's queue (speech.engines.pool)
+    # The caller takes 16-bit samples (no transform follows): chunks are int16, quantised as
+    # speech.audio.signal.quantise does, by the engine where the audio is made (Engine.stream).
+    pcm16: bool = False
 
 
 class EngineError(SpeechError):
@@ -63,7 +66,14 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def stream(self, request: SynthesisRequest) -> AsyncIterator[np.ndarray]:
-        """Yield float32 mono chunks at `capabilities.sample_rate`.
+        """Yield mono chunks at `capabilities.sample_rate`: float32 in [-1, 1], or int16 when
+        `request.pcm16` (`speech.audio.signal.quantise`'s samples).
+
+        Quantise where the audio is made: on the synthesis thread that made it, or straight from an
+        upstream's own 16-bit PCM. On the event loop it took an eighth of the loop's CPU in
+        bench/throughput.py's paragraph (the float32 array, made on another core, read again to
+        encode it): quantised by Hibari's synthesis threads, the loop's CPU per audio second fell by
+        15-18 % at C = 4 and 8 (two server processes side by side, 80 and 60 interleaved rounds).
 
         An engine may start work when this is called, before the first iteration (Hibari queues the
         segment's first job): whoever asks for a stream reads it to its end or closes it. Cancelling

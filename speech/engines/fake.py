@@ -13,6 +13,7 @@ import asyncio
 
 import numpy as np
 
+from ..audio.signal import quantise
 from .base import Capabilities, Engine, EngineError, SynthesisRequest
 
 
@@ -89,7 +90,8 @@ class FakeEngine(Engine):
                     await asyncio.sleep(self.delay_s)
                 if self.hold and i > 0:
                     await self._permits.acquire()
-                yield self.tone(i)
+                tone = self.tone(i)
+                yield quantise(tone) if request.pcm16 else tone
             if self.fail_on is not None and self.fail_on in request.text and self.fail_after >= self.chunks:
                 raise self.error
             finished = True

@@ -1,6 +1,7 @@
 """Hibari: the embedded engine. Real neural speech on the CPU, weights inside its wheel.
 
-Facts this relies on (docs/engines.md, Hibari): 24 kHz float32 output, one array per sentence,
+Facts this relies on (docs/engines.md, Hibari): 24 kHz float32 output (quantised to 16 bits on the
+synthesis thread when the request asks for it), one array per sentence,
 a lazily loaded G2P (warmed up here), ~0.3 s of leading and ~0.5 s of
 trailing near-silence per sentence (trimmed) and quiet output (normalised). onnxruntime releases
 the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
@@ -104,12 +105,13 @@ class HibariEngine(Engine):
     def from_settings(cls, conf):
         return cls(workers=conf.ENGINE_WORKERS)
 
-    def _render(self, tts, phonemes, speed, rng):
+    def _render(self, tts, phonemes, speed, rng, pcm16):
         rate = self.capabilities.sample_rate
         raw = tts.from_ids(tts.ids(phonemes), speed, rng)
-        return audio.normalise(audio.trim_silence(raw, rate))
+        samples = audio.normalise(audio.trim_silence(raw, rate))
+        return audio.quantise(samples) if pcm16 else samples
 
-    def _first(self, tts, text, speed, seed):
+    def _first(self, tts, text, speed, seed, pcm16):
         """Text normalising, G2P and the first sentence in one job: one thread hop before the first audio,
         and nothing of the client's text is worked on by the caller (`stream` is called on the event
         loop). The segment's random generator is made here too: without a seed numpy reads the OS's
@@ -120,7 +122,7 @@ class HibariEngine(Engine):
         parts = tts.phonemize(for_number_reader(text))
         if not parts:
             return None, [], rng
-        return self._render(tts, parts[0], speed, rng), parts[1:], rng
+        return self._render(tts, parts[0], speed, rng, pcm16), parts[1:], rng
 
     def stream(self, request: SynthesisRequest):
         """The segment's first job (its G2P and first sentence) is queued now, when called, not when the
@@ -129,7 +131,7 @@ class HibariEngine(Engine):
         stream before its first chunk drops that job if it has not started."""
         tts = self._models[request.voice]
         seed = request.options.get("seed")  # the handshake checked its range
-        first = self._pool.submit(self._first, tts, request.text, request.speed, seed, ticket=request.ticket)
+        first = self._pool.submit(self._first, tts, request.text, request.speed, seed, request.pcm16, ticket=request.ticket)
         return _QueuedStream(self._pool, first, self._chunks(first, tts, request))
 
     async def _chunks(self, first, tts, request):
@@ -138,7 +140,9 @@ class HibariEngine(Engine):
         if audio is not None and audio.size:
             yield audio
         for phonemes in rest:
-            chunk = await self._result(self._pool.run(self._render, tts, phonemes, request.speed, rng, ticket=request.ticket))
+            chunk = await self._result(
+                self._pool.run(self._render, tts, phonemes, request.speed, rng, request.pcm16, ticket=request.ticket)
+            )
             if chunk.size:
                 yield chunk
 

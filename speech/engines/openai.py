@@ -24,6 +24,7 @@ import time
 from email.message import Message
 
 import httpx
+import numpy as np
 
 from ..audio import signal as audio
 from ..audio.codecs import CONTAINER_MEDIA_TYPES
@@ -203,7 +204,7 @@ class OpenAIEngine(Engine):
                         if response.status_code != 200:
                             raise await _status_error(response)
                         dtype = self._check_format(response)
-                        async for chunk in self._paced(_pcm(response, dtype)):
+                        async for chunk in self._paced(_pcm(response, dtype, request.pcm16)):
                             yield chunk
                         return
             except RETRY_ERRORS as exc:  # raised before any audio: after it, _pcm raises _StreamBroke
@@ -266,8 +267,9 @@ class _StreamBroke(httpx.TransportError):
         self.cause, self.received = cause, received
 
 
-async def _pcm(response, dtype):
-    """float32 chunks from 16-bit samples as they arrive; an odd byte waits for its partner."""
+async def _pcm(response, dtype, pcm16):
+    """Chunks of the upstream's 16-bit samples as they arrive, as they are (little-endian int16) when
+    `pcm16`, else as float32; an odd byte waits for its partner."""
     carry = b""
     received = 0
     try:
@@ -277,7 +279,7 @@ async def _pcm(response, dtype):
             usable = len(data) - len(data) % 2
             carry = data[usable:]
             if usable:
-                yield audio.from_pcm16(data[:usable], dtype)
+                yield np.frombuffer(data[:usable], dtype).astype("<i2") if pcm16 else audio.from_pcm16(data[:usable], dtype)
     except (httpx.TransportError, httpx.DecodingError) as exc:
         if received == 0:
             raise

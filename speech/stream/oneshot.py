@@ -1,8 +1,9 @@
 """One-shot synthesis for `POST /v1/audio/speech`: a whole text, the session's engine and chain.
 
 The text is cut by the same segmenter as a session and each segment rendered in turn the way a
-session renders it (`pipeline.render_segment`), the audio yielded as float32 chunks at the output
-rate. Closing the generator (a client that went away) aborts the engine's work.
+session renders it (`pipeline.render_segment`), the audio yielded as chunks at the output rate
+(16-bit samples, or float32 after a transform). Closing the generator (a client that went away)
+aborts the engine's work.
 """
 
 from __future__ import annotations
