@@ -85,7 +85,9 @@ class DaphneServer:
         start_timeout=START_TIMEOUT_S,
         stop_timeout=STOP_TIMEOUT_S,
         attempts=3,
+        root=PROJECT_ROOT,
     ):
+        self.root = Path(root)  # the checkout whose manage.py runs (bench/compare.py starts another one's)
         self.host = host
         self.fixed_port = port  # None: a free port is picked (and another one tried if it was taken)
         self.extra_env = dict(env or {})
@@ -130,7 +132,7 @@ class DaphneServer:
         if self.migrate:
             done = subprocess.run(
                 [PYTHON, "manage.py", "migrate", "--noinput"],
-                cwd=PROJECT_ROOT,
+                cwd=self.root,
                 env=env,
                 capture_output=True,
                 text=True,
@@ -156,7 +158,7 @@ class DaphneServer:
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
                 [PYTHON, "manage.py", "serve", "--host", self.host, "--port", str(self.port)],
-                cwd=PROJECT_ROOT,
+                cwd=self.root,
                 env=env,
                 stdout=out,
                 stderr=err,
@@ -222,7 +224,7 @@ class DaphneServer:
         """`manage.py ARGS` with this server's environment (its database): what it printed."""
         done = subprocess.run(
             [PYTHON, "manage.py", *args],
-            cwd=PROJECT_ROOT,
+            cwd=self.root,
             env=self.environment(),
             capture_output=True,
             text=True,

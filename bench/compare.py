@@ -1,0 +1,128 @@
+"""Two checkouts of the server side by side: bench/throughput.py's paragraph, interleaved with the raw engine.
+
+    .venv/bin/python bench/compare.py OTHER_CHECKOUT [--rounds 30] [--processes 2] [--concurrency 4 8]
+
+For deciding whether a change is worth it, not for bench/RESULTS.md (nothing is written).
+OTHER_CHECKOUT is another checkout of this repository, the code before the change, say
+(`git worktree add /tmp/before HEAD~1`); its server runs on this checkout's Python and packages. Every
+round runs the paragraph at each C through the other checkout's server, this checkout's server and
+the raw engine (this checkout's Hibari through its pool, as bench/throughput.py runs it), in an order
+that rotates, so that the three see the same machine; the rounds are split over --processes pairs of
+server processes. Printed per C: each server's audio seconds per wall second against the engine's
+(the ratio of the medians, and the median of the ratios of the rounds next to each other), its
+first audio rank by rank against the engine's first chunk (the sum of the per-rank medians over
+rounds), and its event loop's CPU per audio second; then this checkout against the other one,
+paired round by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
+
+from cpushare import thread_schedstat  # noqa: E402
+from throughput import PARAGRAPH, engine_round, segments, server_round  # noqa: E402
+
+from tests.support.live import DaphneServer  # noqa: E402
+
+SIDES = ("other", "this", "engine")
+
+
+def loop_seconds(pid):
+    """CPU seconds of a server's event loop (its main thread) so far."""
+    return thread_schedstat(pid)[pid][0]
+
+
+async def one_round(r, concurrency, servers, engine, texts, http, data):
+    for c in concurrency:
+        order = list(SIDES[r % 3 :] + SIDES[: r % 3])
+        if (r // 3) % 2:
+            order.reverse()
+        for side in order:
+            if side == "engine":
+                results, rate, _ = await engine_round(engine, texts, c)
+                loop = None
+            else:
+                pid = servers[side].proc.pid
+                before = loop_seconds(pid)
+                results, rate, _ = await server_round(http, servers[side].ws_url, c)
+                loop = (loop_seconds(pid) - before) * 1000 / sum(audio for _, _, audio in results)
+            record = data[side, c]
+            record["rate"].append(rate)
+            record["ranks"].append(sorted(first * 1000 for first, _, _ in results))
+            record["loop"].append(loop)
+
+
+async def compare(args):
+    from speech.engines.hibari import HibariEngine
+
+    texts = segments(PARAGRAPH)
+    env = {"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}
+    data = {(side, c): {"rate": [], "ranks": [], "loop": []} for side in SIDES for c in args.concurrency}
+    for block in np.array_split(np.arange(args.rounds), max(1, min(args.processes, args.rounds))):
+        engine = HibariEngine(workers=args.workers)
+        await engine.warm_up()
+        with DaphneServer(env, root=args.other) as other, DaphneServer(env) as this:
+            servers = {"other": other, "this": this}
+            async with aiohttp.ClientSession() as http:
+                for c in args.concurrency:  # warm every side at every concurrency
+                    for server in servers.values():
+                        await server_round(http, server.ws_url, c)
+                    await engine_round(engine, texts, c)
+                for r in block:
+                    await one_round(int(r), args.concurrency, servers, engine, texts, http, data)
+            for server in servers.values():
+                server.assert_no_traceback()
+        await engine.aclose()
+    return data
+
+
+def report(data, concurrency, rounds):
+    lines = [f"{rounds} rounds; throughput and first audio against the raw engine in the same rounds"]
+    for c in concurrency:
+        engine = data["engine", c]
+        engine_rate = np.array(engine["rate"])
+        engine_ranks = np.median(np.array(engine["ranks"]), axis=0).sum()
+        for side in ("other", "this"):
+            d = data[side, c]
+            rate = np.array(d["rate"])
+            ranks = np.median(np.array(d["ranks"]), axis=0).sum() / engine_ranks
+            lines.append(
+                f"C = {c}, {side:5s}: throughput / engine {np.median(rate) / np.median(engine_rate):.3f} "
+                f"(rounds paired {np.median(rate / engine_rate):.3f}), first audio rank by rank {ranks:.3f}x, "
+                f"event loop {np.median(d['loop']):.3f} ms CPU per audio s"
+            )
+        this, other = np.array(data["this", c]["rate"]), np.array(data["other", c]["rate"])
+        lines.append(
+            f"C = {c}, this / other, rounds paired: throughput {np.median(this / other):.3f} "
+            f"(p25-p75 {np.percentile(this / other, 25):.3f}-{np.percentile(this / other, 75):.3f})"
+        )
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("other", type=Path, help="another checkout of this repository")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--processes", type=int, default=2, help="pairs of server processes the rounds are split over")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
+    args = parser.parse_args()
+    if not (args.other / "manage.py").is_file():
+        parser.error(f"{args.other} is not a checkout of this repository (no manage.py)")
+    data = asyncio.run(compare(args))
+    print("\n".join(report(data, args.concurrency, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
