@@ -193,6 +193,11 @@ def test_chain_identity_and_steps():
     assert not both.identity
 
 
+@pytest.mark.parametrize("out_rate,factor", [(24000, 1.0), (24000, 1.0 + 1e-12), (24000, 1.5), (16000, 1.0), (48000, 0.5)])
+def test_chain_needed_says_what_the_built_chain_does(out_rate, factor):
+    assert Chain.needed(24000, out_rate, factor) is not Chain(24000, out_rate, factor).identity
+
+
 @pytest.mark.parametrize("out_rate,factor", [(8000, 2.0), (48000, 0.5), (44100, 4.0), (16000, 0.25)])
 def test_chain_stretch_then_resample(out_rate, factor):
     seconds = 2.0

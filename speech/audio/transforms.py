@@ -93,15 +93,25 @@ def _atempo_stages(factor):
     return [*stages, factor]
 
 
+def _stretches(factor):
+    return abs(factor - 1.0) > 1e-9
+
+
 class Chain:
     """One segment's way from engine chunks to output samples."""
 
     def __init__(self, engine_rate, out_rate, stretch=1.0):
         self.steps = []
-        if abs(stretch - 1.0) > 1e-9:
+        if _stretches(stretch):
             self.steps.append(TimeStretch(engine_rate, stretch))
         if out_rate != engine_rate:
             self.steps.append(Resampler(engine_rate, out_rate))
+
+    @staticmethod
+    def needed(engine_rate, out_rate, stretch=1.0):
+        """Whether a chain of these settings transforms anything (not `identity`), without building its
+        steps (an FFmpeg filter graph, a resampler)."""
+        return _stretches(stretch) or out_rate != engine_rate
 
     @property
     def identity(self):

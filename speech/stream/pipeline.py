@@ -83,8 +83,8 @@ def start_segment(engine: Engine, config: SessionConfig, text: str, ticket: Tick
     """The engine's stream of one segment, asked for now (Hibari queues its first job at once); its
     owner closes it, or hands it to `render_segment`, which does. When no transform follows, the
     engine quantises to 16 bits where it makes the audio (`SynthesisRequest.pcm16`)."""
-    engine_speed, _ = plan_speed(config.speed, engine.capabilities.speed_range)
-    pcm16 = _chain(engine, config).identity
+    engine_speed, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
+    pcm16 = not Chain.needed(engine.capabilities.sample_rate, config.sample_rate, stretch)
     return engine.stream(SynthesisRequest(text, config.voice, engine_speed, config.options, config.reference, ticket, pcm16))
 
 
@@ -99,7 +99,8 @@ async def render_segment(
     here) through the segment's `transforms.Chain` (speed, rate; off the event loop); 16-bit samples
     when there is nothing to transform (`start_segment`), else float32. Closing the generator, or
     cancelling the task that reads it, aborts the engine's work."""
-    chain = _chain(engine, config)
+    _, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
+    chain = Chain(engine.capabilities.sample_rate, config.sample_rate, stretch)
     if stream is None:
         stream = start_segment(engine, config, text, ticket)
     async with contextlib.aclosing(metrics.timed(stream, engine.capabilities.sample_rate)) as chunks:
@@ -107,11 +108,6 @@ async def render_segment(
             yield chunk if chain.identity else await asyncio.to_thread(chain.process, chunk)
     if not chain.identity:
         yield await asyncio.to_thread(chain.flush)
-
-
-def _chain(engine: Engine, config: SessionConfig) -> Chain:
-    _, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
-    return Chain(engine.capabilities.sample_rate, config.sample_rate, stretch)
 
 
 class Pipeline:
