@@ -11,14 +11,15 @@ that rotates, so that the three see the same machine; the rounds are split over 
 server processes. Printed per C: each server's audio seconds per wall second against the engine's
 (the ratio of the medians, and the median of the ratios of the rounds next to each other), its
 first audio rank by rank against the engine's first chunk (the sum of the per-rank medians over
-rounds), and its event loop's CPU per audio second; then this checkout against the other one,
-paired round by round.
+rounds), and its event loop's CPU per audio second (from the text sent to the last audio, as
+bench/throughput.py measures it); then this checkout against the other one, paired round by round.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 from pathlib import Path
@@ -30,17 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
-from cpushare import thread_schedstat  # noqa: E402
+from cpushare import CpuMeter  # noqa: E402
 from throughput import PARAGRAPH, engine_round, segments, server_round  # noqa: E402
 
 from tests.support.live import DaphneServer  # noqa: E402
 
 SIDES = ("other", "this", "engine")
-
-
-def loop_seconds(pid):
-    """CPU seconds of a server's event loop (its main thread) so far."""
-    return thread_schedstat(pid)[pid][0]
 
 
 async def one_round(r, concurrency, servers, engine, texts, http, data):
@@ -53,10 +49,10 @@ async def one_round(r, concurrency, servers, engine, texts, http, data):
                 results, rate, _ = await engine_round(engine, texts, c)
                 loop = None
             else:
-                pid = servers[side].proc.pid
-                before = loop_seconds(pid)
-                results, rate, _ = await server_round(http, servers[side].ws_url, c)
-                loop = (loop_seconds(pid) - before) * 1000 / sum(audio for _, _, audio in results)
+                # The loop's CPU from the text sent to the last audio, as bench/throughput.py measures it.
+                meter = functools.partial(CpuMeter, servers[side].proc.pid)
+                results, rate, started = await server_round(http, servers[side].ws_url, c, meter)
+                loop = started.read()["loop"] * 1000 / sum(audio for _, _, audio in results)
             record = data[side, c]
             record["rate"].append(rate)
             record["ranks"].append(sorted(first * 1000 for first, _, _ in results))
