@@ -11,8 +11,9 @@ that rotates, so that the three see the same machine; the rounds are split over 
 server processes. Printed per C: each server's audio seconds per wall second against the engine's
 (the ratio of the medians, and the median of the ratios of the rounds next to each other), its
 first audio rank by rank against the engine's first chunk (the sum of the per-rank medians over
-rounds), and its event loop's CPU per audio second (from the text sent to the last audio, as
-bench/throughput.py measures it); then this checkout against the other one, paired round by round.
+rounds), and the CPU per audio second of its event loop and of the client (this process), from the
+text sent to the last audio, as bench/throughput.py measures them; then this checkout against the
+other one, paired round by round.
 """
 
 from __future__ import annotations
@@ -47,16 +48,19 @@ async def one_round(r, concurrency, servers, engine, texts, http, data):
         for side in order:
             if side == "engine":
                 results, rate, _ = await engine_round(engine, texts, c)
-                loop = None
+                loop = client = None
             else:
-                # The loop's CPU from the text sent to the last audio, as bench/throughput.py measures it.
+                # The loop's and the client's CPU from the text sent to the last audio, as bench/throughput.py
+                # measures them: a server change can move both (frames, writes).
                 meter = functools.partial(CpuMeter, servers[side].proc.pid)
                 results, rate, started = await server_round(http, servers[side].ws_url, c, meter)
-                loop = started.read()["loop"] * 1000 / sum(audio for _, _, audio in results)
+                reading, audio_s = started.read(), sum(audio for _, _, audio in results)
+                loop, client = reading["loop"] * 1000 / audio_s, reading["own"] * 1000 / audio_s
             record = data[side, c]
             record["rate"].append(rate)
             record["ranks"].append(sorted(first * 1000 for first, _, _ in results))
             record["loop"].append(loop)
+            record["client"].append(client)
 
 
 async def compare(args):
@@ -64,7 +68,7 @@ async def compare(args):
 
     texts = segments(PARAGRAPH)
     env = {"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}
-    data = {(side, c): {"rate": [], "ranks": [], "loop": []} for side in SIDES for c in args.concurrency}
+    data = {(side, c): {"rate": [], "ranks": [], "loop": [], "client": []} for side in SIDES for c in args.concurrency}
     for block in np.array_split(np.arange(args.rounds), max(1, min(args.processes, args.rounds))):
         engine = HibariEngine(workers=args.workers)
         await engine.warm_up()
@@ -96,7 +100,7 @@ def report(data, concurrency, rounds):
             lines.append(
                 f"C = {c}, {side:5s}: throughput / engine {np.median(rate) / np.median(engine_rate):.3f} "
                 f"(rounds paired {np.median(rate / engine_rate):.3f}), first audio rank by rank {ranks:.3f}x, "
-                f"event loop {np.median(d['loop']):.3f} ms CPU per audio s"
+                f"CPU per audio s: event loop {np.median(d['loop']):.3f} ms, client {np.median(d['client']):.3f} ms"
             )
         this, other = np.array(data["this", c]["rate"]), np.array(data["other", c]["rate"])
         lines.append(
