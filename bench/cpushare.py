@@ -37,10 +37,11 @@ def thread_schedstat(pid, *, main=True):
 
 
 def machine_times():
-    """(idle, total) CPU seconds of the whole machine since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    """(idle, total, steal) CPU seconds of the whole machine since boot: total is the time its CPUs ran
+    or idled; steal, the time a hypervisor gave them to other guests, is not in it."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     ticks = os.sysconf("SC_CLK_TCK")
-    return (fields[3] + fields[4]) / ticks, sum(fields) / ticks
+    return (fields[3] + fields[4]) / ticks, sum(fields[:7]) / ticks, fields[7] / ticks
 
 
 def _on_cpu(pid):
@@ -60,7 +61,7 @@ class CpuMeter:
     def read(self):
         server = _on_cpu(self.pid)
         spent = {tid: server[tid] - self.server.get(tid, 0.0) for tid in server}
-        idle, total = (now - then for now, then in zip(machine_times(), self.machine, strict=True))
+        idle, total, steal = (now - then for now, then in zip(machine_times(), self.machine, strict=True))
         loop = spent.pop(self.pid, 0.0)
         return {
             "loop": loop,
@@ -68,8 +69,13 @@ class CpuMeter:
             "own": time.process_time() - self.own,
             "idle": idle,
             "total": total,
+            "steal": steal,
         }
 
+
+# Above this share of the machine's CPU time taken by other processes and the hypervisor, cpu_table flags the
+# run as contended (bench/throughput.py on this 2-core machine, quiet: 0.0-1.3 % per row, steal 0.0-0.1 %).
+CONTENDED_SHARE = 0.03
 
 JOB_HISTOGRAMS = ("speech_engine_job_seconds", "speech_engine_job_wait_seconds")
 
@@ -101,12 +107,18 @@ def job_round(jobs_before, jobs_after, sched_before, sched_after, wall_s):
 
 
 def cpu_per_audio_s(rounds):
-    """Each CPU figure of the rounds, summed, in ms per audio second; idle as a share of the machine's CPU
-    time over all of them (one round is a few ticks of /proc/stat)."""
+    """Each CPU figure of the rounds, summed, in ms per audio second; as shares of the machine's CPU time
+    over all of them (one round is a few ticks of /proc/stat): idle, the rest of the machine (other
+    processes and kernel threads: what the rounds' own processes did not use and did not leave idle),
+    and steal."""
     audio = sum(seconds for _, seconds in rounds)
-    totals = {key: sum(reading[key] for reading, _ in rounds) * 1000 / audio for key in ("loop", "threads", "own")}
-    idle, total = (sum(reading[key] for reading, _ in rounds) for key in ("idle", "total"))
-    return totals | {"idle": idle / total if total else float("nan")}
+    spent = {key: sum(reading[key] for reading, _ in rounds) for key in ("loop", "threads", "own")}
+    idle, total, steal = (sum(reading[key] for reading, _ in rounds) for key in ("idle", "total", "steal"))
+    per_audio_s = {key: value * 1000 / audio for key, value in spent.items()}
+    if not total:
+        return per_audio_s | dict.fromkeys(("idle", "other", "steal"), float("nan"))
+    other = max(0.0, total - idle - sum(spent.values()))
+    return per_audio_s | {"idle": idle / total, "other": other / total, "steal": steal / (total + steal)}
 
 
 def cpu_table(cpu, concurrency):
@@ -117,19 +129,30 @@ def cpu_table(cpu, concurrency):
         "audio (the handshakes before it left out: they are bench/handshake.py's), the time the throughput is "
         "measured over (server rounds: the server's event loop, its other threads, i.e. synthesis, and the "
         "client; engine rounds: this process, i.e. the engine's threads and its event loop), and the share of "
-        "the machine's CPU time left idle:",
+        "the machine's CPU time left idle, taken by the rest of the machine (other processes, kernel threads) and "
+        "stolen by the hypervisor (the last two flag a contended run):",
         "",
         "| C | server: event loop | server: other threads | client | server + client | engine | "
-        "(server + client) / engine | idle, server / engine rounds |",
-        "|---|---|---|---|---|---|---|---|",
+        "(server + client) / engine | idle, server / engine rounds | rest of the machine | steal |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    taken = 0.0  # the largest share of the machine taken from the rounds by others, in any row
     for c in concurrency:
         per = {key: cpu_per_audio_s(cpu[c][key]) for key in ("s", "e")}
+        taken = max(taken, *(per[key]["other"] + per[key]["steal"] for key in ("s", "e")))
         served = per["s"]["loop"] + per["s"]["threads"] + per["s"]["own"]
         lines.append(
             f"| {c} | {per['s']['loop']:.2f} | {per['s']['threads']:.2f} | {per['s']['own']:.2f} | {served:.2f} | "
             f"{per['e']['own']:.2f} | {served / per['e']['own']:.3f} | "
-            f"{per['s']['idle'] * 100:.1f} % / {per['e']['idle'] * 100:.1f} % |"
+            f"{per['s']['idle'] * 100:.1f} % / {per['e']['idle'] * 100:.1f} % | "
+            f"{per['s']['other'] * 100:.1f} % / {per['e']['other'] * 100:.1f} % | "
+            f"{per['s']['steal'] * 100:.1f} % / {per['e']['steal'] * 100:.1f} % |"
+        )
+    if taken > CONTENDED_SHARE:
+        lines.append(
+            f"\n**A contended run**: the rest of the machine and the hypervisor took up to {taken * 100:.1f} % of its CPU "
+            f"time (above {CONTENDED_SHARE * 100:.0f} %), from both sides of the comparison but not always evenly: "
+            "read its ratios with that in mind, or run it again on a quiet machine."
         )
     return lines
 

@@ -18,8 +18,9 @@ Parts (each can be run alone with --only):
   to get audio against the k-th first chunk, medians over rounds). Where the difference goes: CPU
   per audio second of the server's event loop (its main thread), its other threads (synthesis), the
   client (this process in server rounds: aiohttp's WebSocket, see `paragraph_session`) and the raw
-  engine (this process in engine rounds), and the share of the machine left idle, from /proc over
-  the same rounds (bench/cpushare.py); and the synthesis jobs of both sides (the pool's histograms
+  engine (this process in engine rounds), and the shares of the machine left idle, taken by other
+  processes and stolen by the hypervisor (a run where those two pass 3 % is flagged as contended),
+  from /proc over the same rounds (bench/cpushare.py); and the synthesis jobs of both sides (the pool's histograms
   of speech/metrics.py: the server's /metrics, this process's registry): how long a job ran (on a
   CPU, waiting for one, blocked: /proc scheduler statistics), how long it
   waited for a thread, and how busy the threads were.
@@ -245,8 +246,8 @@ async def paragraph_part(args, lines):
         s, e = np.median(d["server"]), np.median(d["engine"])
         low, high = ratio_interval(d["server"], d["engine"])
         lines.append(
-            f"| {c} | {s:.1f} | {e:.1f} | {s / e:.2f} ({low:.2f}-{high:.2f}) | "
-            f"{pct(d['pair'], 25):.2f}-{pct(d['pair'], 75):.2f} | "
+            f"| {c} | {s:.1f} | {e:.1f} | {s / e:.3f} ({low:.3f}-{high:.3f}) | "
+            f"{pct(d['pair'], 25):.3f}-{pct(d['pair'], 75):.3f} | "
             f"{pct(d['s_first'], 50):.1f} / "
             f"{pct(d['e_first'], 50):.1f} ({pct(d['s_first'], 50) / pct(d['e_first'], 50):.2f}x) | "
             f"{pct(d['s_last'], 50):.1f} / {pct(d['e_last'], 50):.1f} |"
@@ -263,7 +264,8 @@ async def paragraph_part(args, lines):
         f"{last_low:+.1f} to {last_high:+.1f}) against the engine's last chunk (target p50 <= 10 ms). For scale, the "
         f"engine's first chunk varies {pct(data[1]['e_first'], 10):.1f}-{pct(data[1]['e_first'], 90):.1f} ms "
         "(p10-p90) over the same runs.",
-        "* server / engine is the ratio of the medians; the pairs column is the spread of the ratio of each "
+        "* server / engine is the ratio of the medians, to three decimals, as the rank sums below: to two, 0.947 "
+        "would read as the 0.95 of the target; the pairs column is the spread of the ratio of each "
         "server round to the engine round next to it (the machine's speed drifts between rounds). The 90 % "
         "intervals are bootstrap intervals over the rounds (bench/report.py's `interval`): they cover the "
         f"variation between this run's rounds, which ran on {processes} server processes, not the machine's "
@@ -295,8 +297,8 @@ def rank_line(c, d):
     low, high = interval(lambda at: np.median(rounds_s[at], axis=0).sum() / np.median(rounds_e[at], axis=0).sum(), len(rounds_s))
     return (
         f"* First audio by rank at C = {c} (k-th session to get audio, ms, median over rounds, server/engine): "
-        f"{ranks}; sum server / sum engine **{server.sum() / engine.sum():.2f}x** (90 % interval "
-        f"{low:.2f}-{high:.2f}x; per rank {min(server / engine):.2f}-{max(server / engine):.2f}x)."
+        f"{ranks}; sum server / sum engine **{server.sum() / engine.sum():.3f}x** (90 % interval "
+        f"{low:.3f}-{high:.3f}x; per rank {min(server / engine):.2f}-{max(server / engine):.2f}x)."
     )
 
 
