@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
 from cpushare import CpuMeter  # noqa: E402
-from throughput import PARAGRAPH, engine_round, segments, server_round  # noqa: E402
+from throughput import PARAGRAPH, engine_round, rank_ratio, segments, server_round  # noqa: E402
 
 from tests.support.live import DaphneServer  # noqa: E402
 
@@ -46,21 +46,19 @@ async def one_round(r, concurrency, servers, engine, texts, http, data):
         if (r // 3) % 2:
             order.reverse()
         for side in order:
+            record = data[side, c]
             if side == "engine":
                 results, rate, _ = await engine_round(engine, texts, c)
-                loop = client = None
             else:
                 # The loop's and the client's CPU from the text sent to the last audio, as bench/throughput.py
                 # measures them: a server change can move both (frames, writes).
                 meter = functools.partial(CpuMeter, servers[side].proc.pid)
                 results, rate, started = await server_round(http, servers[side].ws_url, c, meter)
                 reading, audio_s = started.read(), sum(audio for _, _, audio in results)
-                loop, client = reading["loop"] * 1000 / audio_s, reading["own"] * 1000 / audio_s
-            record = data[side, c]
+                record["loop"].append(reading["loop"] * 1000 / audio_s)
+                record["client"].append(reading["own"] * 1000 / audio_s)
             record["rate"].append(rate)
             record["ranks"].append(sorted(first * 1000 for first, _, _ in results))
-            record["loop"].append(loop)
-            record["client"].append(client)
 
 
 async def compare(args):
@@ -68,6 +66,7 @@ async def compare(args):
 
     texts = segments(PARAGRAPH)
     env = {"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}
+    # "loop" and "client" (CPU per audio second) are filled for the two servers only.
     data = {(side, c): {"rate": [], "ranks": [], "loop": [], "client": []} for side in SIDES for c in args.concurrency}
     for block in np.array_split(np.arange(args.rounds), max(1, min(args.processes, args.rounds))):
         engine = HibariEngine(workers=args.workers)
@@ -92,11 +91,10 @@ def report(data, concurrency, rounds):
     for c in concurrency:
         engine = data["engine", c]
         engine_rate = np.array(engine["rate"])
-        engine_ranks = np.median(np.array(engine["ranks"]), axis=0).sum()
         for side in ("other", "this"):
             d = data[side, c]
             rate = np.array(d["rate"])
-            ranks = np.median(np.array(d["ranks"]), axis=0).sum() / engine_ranks
+            ranks = rank_ratio(np.array(d["ranks"]), np.array(engine["ranks"]))
             lines.append(
                 f"C = {c}, {side:5s}: throughput / engine {np.median(rate) / np.median(engine_rate):.3f} "
                 f"(rounds paired {np.median(rate / engine_rate):.3f}), first audio rank by rank {ranks:.3f}x, "

@@ -50,7 +50,7 @@ def _on_cpu(pid):
 
 class CpuMeter:
     """CPU of one round, from when it is made to `read`: the server's event loop (main thread) and
-    other threads, this process, the machine's idle and total CPU seconds."""
+    other threads, this process, the machine's idle, total and stolen CPU seconds."""
 
     def __init__(self, server_pid):
         self.pid = server_pid

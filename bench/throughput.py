@@ -20,8 +20,9 @@ Parts (each can be run alone with --only):
   client (this process in server rounds: aiohttp's WebSocket, see `paragraph_session`) and the raw
   engine (this process in engine rounds), and the shares of the machine left idle, taken by other
   processes and stolen by the hypervisor (a run where those two pass 3 % is flagged as contended),
-  from /proc over the same rounds (bench/cpushare.py); and the synthesis jobs of both sides (the pool's histograms
-  of speech/metrics.py: the server's /metrics, this process's registry): how long a job ran (on a
+  from /proc over the same rounds (bench/cpushare.py); and the synthesis jobs of both sides (the
+  pool's histograms of speech/metrics.py: the server's /metrics, this process's registry): how long
+  a job ran (on a
   CPU, waiting for one, blocked: /proc scheduler statistics), how long it
   waited for a thread, and how busy the threads were.
 (The handshake's latency is bench/handshake.py's.)
@@ -288,16 +289,22 @@ def ratio_interval(server_rates, engine_rates):
     return interval(lambda at: np.median(server[at]) / np.median(engine[at]), len(server))
 
 
+def rank_ratio(server_ranks, engine_ranks):
+    """First audio rank by rank, as one figure: the median over rounds of the k-th first audio of each
+    server round (a row of `server_ranks`, sorted) summed over k, over the same of the engine's rounds."""
+    return np.median(server_ranks, axis=0).sum() / np.median(engine_ranks, axis=0).sum()
+
+
 def rank_line(c, d):
     """First audio rank by rank: the median over rounds of the k-th first audio of a server round against
     the k-th first chunk of an engine round, and the ratio of their sums (the mean first audio's)."""
     rounds_s, rounds_e = np.array(d["s_ranks"]), np.array(d["e_ranks"])
     server, engine = np.median(rounds_s, axis=0), np.median(rounds_e, axis=0)
     ranks = ", ".join(f"{s:.0f}/{e:.0f}" for s, e in zip(server, engine, strict=True))
-    low, high = interval(lambda at: np.median(rounds_s[at], axis=0).sum() / np.median(rounds_e[at], axis=0).sum(), len(rounds_s))
+    low, high = interval(lambda at: rank_ratio(rounds_s[at], rounds_e[at]), len(rounds_s))
     return (
         f"* First audio by rank at C = {c} (k-th session to get audio, ms, median over rounds, server/engine): "
-        f"{ranks}; sum server / sum engine **{server.sum() / engine.sum():.3f}x** (90 % interval "
+        f"{ranks}; sum server / sum engine **{rank_ratio(rounds_s, rounds_e):.3f}x** (90 % interval "
         f"{low:.3f}-{high:.3f}x; per rank {min(server / engine):.2f}-{max(server / engine):.2f}x)."
     )
 
