@@ -25,7 +25,6 @@ import os
 import sys
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +39,7 @@ from tests.support.live import DaphneServer  # noqa: E402
 SIDES = ("other", "this", "engine")
 
 
-async def one_round(r, concurrency, servers, engine, texts, http, data):
+async def one_round(r, concurrency, servers, engine, texts, data):
     for c in concurrency:
         order = list(SIDES[r % 3 :] + SIDES[: r % 3])
         if (r // 3) % 2:
@@ -53,7 +52,7 @@ async def one_round(r, concurrency, servers, engine, texts, http, data):
                 # The loop's and the client's CPU from the text sent to the last audio, as bench/throughput.py
                 # measures them: a server change can move both (frames, writes).
                 meter = functools.partial(CpuMeter, servers[side].proc.pid)
-                results, rate, started = await server_round(http, servers[side].ws_url, c, meter)
+                results, rate, started = await server_round(servers[side].ws_url, c, meter)
                 reading, audio_s = started.read(), sum(audio for _, _, audio in results)
                 record["loop"].append(reading["loop"] * 1000 / audio_s)
                 record["client"].append(reading["own"] * 1000 / audio_s)
@@ -73,13 +72,12 @@ async def compare(args):
         await engine.warm_up()
         with DaphneServer(env, root=args.other) as other, DaphneServer(env) as this:
             servers = {"other": other, "this": this}
-            async with aiohttp.ClientSession() as http:
-                for c in args.concurrency:  # warm every side at every concurrency
-                    for server in servers.values():
-                        await server_round(http, server.ws_url, c)
-                    await engine_round(engine, texts, c)
-                for r in block:
-                    await one_round(int(r), args.concurrency, servers, engine, texts, http, data)
+            for c in args.concurrency:  # warm every side at every concurrency
+                for server in servers.values():
+                    await server_round(server.ws_url, c)
+                await engine_round(engine, texts, c)
+            for r in block:
+                await one_round(int(r), args.concurrency, servers, engine, texts, data)
             for server in servers.values():
                 server.assert_no_traceback()
         await engine.aclose()

@@ -17,7 +17,7 @@ Parts (each can be run alone with --only):
   engine's first chunk under the same concurrency, pooled (p50) and rank by rank (the k-th session
   to get audio against the k-th first chunk, medians over rounds). Where the difference goes: CPU
   per audio second of the server's event loop (its main thread), its other threads (synthesis), the
-  client (this process in server rounds: aiohttp's WebSocket, see `paragraph_session`) and the raw
+  client (this process in server rounds: bench/wsclient.py, see `paragraph_session`) and the raw
   engine (this process in engine rounds), and the shares of the machine left idle, taken by other
   processes and stolen by the hypervisor (a run where those two pass 3 % is flagged as contended),
   from /proc over the same rounds (bench/cpushare.py); and the synthesis jobs of both sides (the
@@ -47,16 +47,18 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import aiohttp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
+import wsclient  # noqa: E402
 from cpushare import CpuMeter, cpu_seconds, cpu_table, job_round, job_totals, jobs_table, thread_schedstat  # noqa: E402
 from report import header, interval, write_section  # noqa: E402
 
@@ -121,48 +123,64 @@ async def engine_round(engine, texts, c, meter=lambda: None):
 # -- the server ------------------------------------------------------------------------------------
 
 
-# The paragraph's client is aiohttp's WebSocket. It shares the server's two cores, so every
-# microsecond it spends on a frame is taken from synthesis, while the raw engine has no client at all.
-# aiohttp's frame reader is compiled (Cython); websockets, the tests' client, parses frames in Python.
-# The same server, 30 rounds at C = 4 alternating the two clients: 0.135 -> 0.111 ms of client CPU per
-# audio second, and 1.005x the audio per wall second (the median of the adjacent pairs).
+# The paragraph's client is bench/wsclient.py: blocking sockets, a thread a session. It shares the
+# server's two cores, so what it spends on a frame is taken from synthesis; its docstring has the
+# figures against aiohttp's and websocket-client's.
 
 
-async def paragraph_session(http, url):
-    """A session configured for streamed audio, on aiohttp's client (`http`, a ClientSession)."""
-    ws = await http.ws_connect(url, max_msg_size=0, timeout=aiohttp.ClientWSTimeout(ws_receive=RECV_TIMEOUT_S, ws_close=10.0))
-    await ws.send_str(json.dumps({"type": "session.config", "session": {"stream_audio": True}}))
-    reply = await ws.receive()
-    assert reply.type is aiohttp.WSMsgType.TEXT and json.loads(reply.data)["type"] == "session.configured", reply
-    return ws
+def paragraph_session(url, ready, results):
+    """One session of a server round, on its own thread: configured for streamed audio, then `ready`
+    (a Barrier: the round's clock starts when every session is configured), the paragraph sent whole,
+    and every frame read to the server's close. Appends (first audio, last audio, audio seconds),
+    the times from the clock's start, to `results`."""
+    ws = wsclient.Connection(url, RECV_TIMEOUT_S)
+    try:
+        ws.send_json({"type": "session.config", "session": {"stream_audio": True}})
+        frames = ws.frames()
+        opcode, reply = next(frames)
+        assert opcode == wsclient.TEXT and json.loads(reply)["type"] == "session.configured", reply
+        ready.wait(RECV_TIMEOUT_S)
+        t0 = ready.t0  # set by the barrier's action
+        ws.send_json({"type": "input.text", "text": PARAGRAPH})
+        ws.send_json({"type": "input.done"})
+        first = last = None
+        received = 0
+        for opcode, payload in frames:  # up to the server's close
+            if opcode == wsclient.BINARY:
+                last = time.perf_counter()
+                first = first or last
+                received += payload
+            elif opcode == wsclient.CLOSE:
+                assert int.from_bytes(payload[:2], "big") == 1000, payload
+                break
+            elif json.loads(payload)["type"] == "error":
+                raise AssertionError(payload)
+        results.append((first - t0, last - t0, received / 2 / RATE))
+    except BaseException:
+        ready.abort()  # the other sessions stop waiting for this one
+        raise
+    finally:
+        ws.close()
 
 
-async def read_to_close(ws, t0):
-    first = last = None
-    received = 0
-    async for message in ws:  # up to the server's close
-        if message.type is aiohttp.WSMsgType.BINARY:
-            now = time.perf_counter()
-            first = first or now
-            last = now
-            received += len(message.data)
-        elif message.type is not aiohttp.WSMsgType.TEXT or json.loads(message.data)["type"] == "error":
-            raise AssertionError(message)
-    assert ws.close_code == 1000, ws.close_code
-    return first - t0, last - t0, received / 2 / RATE
+def _server_round(url, c, meter):
+    results, readings = [], []
+
+    def start_clock():  # run by the last session to be configured, before any is let go
+        readings.append(meter())
+        ready.t0 = time.perf_counter()
+
+    ready = threading.Barrier(c, action=start_clock)
+    with ThreadPoolExecutor(c) as sessions:
+        for done in [sessions.submit(paragraph_session, url, ready, results) for _ in range(c)]:
+            done.result()
+    return results, sum(r[2] for r in results) / max(r[1] for r in results), readings[0]
 
 
-async def server_round(http, url, c, meter=lambda: None):
+async def server_round(url, c, meter=lambda: None):
     """C sessions configured, then the paragraph sent whole to each, as engine_round; the clock and
     `meter()` start after the handshakes (their latency is bench/handshake.py's)."""
-    sockets = await asyncio.gather(*(paragraph_session(http, url) for _ in range(c)))
-    reading = meter()
-    t0 = time.perf_counter()
-    for ws in sockets:
-        await ws.send_str(json.dumps({"type": "input.text", "text": PARAGRAPH}))
-        await ws.send_str(json.dumps({"type": "input.done"}))
-    results = await asyncio.gather(*(read_to_close(ws, t0) for ws in sockets))
-    return results, sum(r[2] for r in results) / max(r[1] for r in results), reading
+    return await asyncio.to_thread(_server_round, url, c, meter)
 
 
 async def paragraph_part(args, lines):
@@ -187,7 +205,7 @@ async def paragraph_part(args, lines):
     jobs = {c: {"s": [], "e": []} for c in CONCURRENCY}  # job_round() of each round
     pairs = []  # C = 1: (server first - engine first, server last - engine last) of adjacent runs
 
-    async def one_round(r, server, engine, http):
+    async def one_round(r, server, engine):
         for c in CONCURRENCY:
             for k in range(SOLO_PAIRS if c == 1 else 1):
                 order = ("server", "engine") if (r + k) % 2 == 0 else ("engine", "server")
@@ -198,7 +216,7 @@ async def paragraph_part(args, lines):
                     sched_before = thread_schedstat(threads_of, main=False)
                     meter = functools.partial(CpuMeter, server.proc.pid)  # over the time the throughput is measured
                     if side == "server":
-                        results, rate, started = await server_round(http, server.ws_url, c, meter)
+                        results, rate, started = await server_round(server.ws_url, c, meter)
                     else:
                         results, rate, started = await engine_round(engine, texts, c, meter)
                     key = side[0]
@@ -225,12 +243,11 @@ async def paragraph_part(args, lines):
         engine = HibariEngine(workers=args.workers)
         await engine.warm_up()
         with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
-            async with aiohttp.ClientSession() as http:
-                for c in CONCURRENCY:  # warm both sides at every concurrency
-                    await server_round(http, server.ws_url, c)
-                    await engine_round(engine, texts, c)
-                for r in block:
-                    await one_round(int(r), server, engine, http)
+            for c in CONCURRENCY:  # warm both sides at every concurrency
+                await server_round(server.ws_url, c)
+                await engine_round(engine, texts, c)
+            for r in block:
+                await one_round(int(r), server, engine)
             server.assert_no_traceback()
         await engine.aclose()
     lines += [
@@ -393,8 +410,7 @@ async def stalled_client(url, keepalive, stop):
 async def stalled_part(args, lines):
     with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
         pid = server.proc.pid
-        async with aiohttp.ClientSession() as http:
-            await server_round(http, server.ws_url, 1)  # warm
+        await server_round(server.ws_url, 1)  # warm
         before = rss_mib(pid)
         stop = asyncio.Event()
         clients = [asyncio.create_task(stalled_client(server.ws_url, k % 2 == 1, stop)) for k in range(STALLED_SESSIONS)]
