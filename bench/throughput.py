@@ -22,9 +22,8 @@ Parts (each can be run alone with --only):
   processes and stolen by the hypervisor (a run where those two pass 3 % is flagged as contended),
   from /proc over the same rounds (bench/cpushare.py); and the synthesis jobs of both sides (the
   pool's histograms of speech/metrics.py: the server's /metrics, this process's registry): how long
-  a job ran (on a
-  CPU, waiting for one, blocked: /proc scheduler statistics), how long it
-  waited for a thread, and how busy the threads were.
+  a job ran (on a CPU, waiting for one, blocked: /proc scheduler statistics), how long it waited
+  for a thread, and how busy the threads were.
 (The handshake's latency is bench/handshake.py's.)
 * delivery: the cost of delivery alone: SPEECH_ENGINE=fake (audio as long as speech, made
   instantly), daphne pinned to one core, N sessions at once each reading at real time like a

@@ -75,6 +75,8 @@ class Connection:
     def _fill(self):
         """Read what the socket holds into the buffer, after what is there."""
         if self._end == len(self._buf):  # move what is left to the front
+            if not self._start:
+                raise ProtocolError(f"a text frame or handshake larger than the {len(self._buf)}-byte buffer")
             left = self._end - self._start
             self._buf[:left] = self._buf[self._start : self._end]
             self._start, self._end = 0, left

@@ -259,7 +259,7 @@ async def test_a_job_handed_to_an_idle_thread_starts_before_submit_returns(pools
 
 async def test_a_job_that_must_wait_for_a_thread_is_queued_without_waiting(pools, no_forced_switch, monkeypatch):
     """Every thread busy: submit queues the job and returns; it never waits for a thread to free."""
-    monkeypatch.setattr(pool_module, "HANDOFF_WAIT_S", None, raising=False)  # a wait here would never end (the test's timeout)
+    monkeypatch.setattr(pool_module, "HANDOFF_WAIT_S", None)  # a wait here would never end (the test's timeout)
     pool = pools(1)
     gates, blockers = await busy(pool)
     events = []

@@ -183,7 +183,7 @@ class SynthesisPool:
                 with self._lock:
                     self._running -= 1
                 job.loop.call_soon_threadsafe(_settle, job.future, None, RuntimeError("synthesis pool is shut down"))
-                return []
+                return handed
             handed.append(job)
 
     def _call(self, job):
