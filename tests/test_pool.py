@@ -16,7 +16,7 @@ import time
 import pytest
 
 from speech.engines import pool as pool_module
-from speech.engines.pool import CURRENT, SynthesisPool, Ticket
+from speech.engines.pool import CURRENT, SynthesisPool, Ticket, release_point
 
 GUARD_S = 5
 
@@ -25,8 +25,8 @@ GUARD_S = 5
 def pools():
     made = []
 
-    def make(workers):
-        pool = SynthesisPool(workers, "test-pool")
+    def make(workers, **options):
+        pool = SynthesisPool(workers, "test-pool", **options)
         made.append(pool)
         return pool
 
@@ -269,6 +269,88 @@ async def test_a_job_that_must_wait_for_a_thread_is_queued_without_waiting(pools
     await release(gates, blockers)
     await asyncio.wait_for(pool.wait(queued), GUARD_S)
     assert events == ["submit returned", "job started"]
+
+
+class Releasing:
+    """A job that blocks before and after its release point, reporting each stage."""
+
+    def __init__(self, calls_release_point=True):
+        self.calls_release_point = calls_release_point
+        self.before, self.after = Gate(), Gate()
+
+    def __call__(self):
+        self.before()
+        if self.calls_release_point:
+            release_point()
+        return self.after("done")
+
+
+async def loop_turns(n=3):
+    """Let the event loop run what is already in its ready queue (a result a thread has posted)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+LISTENER_HAS_AUDIO = 10.0  # seconds: a ticket whose client has this much audio in hand
+
+
+async def finish_then_run(pool, ticket, following):
+    """A job on `ticket` finishes while `following` waits for the thread, which then runs it and blocks
+    before its release point. Returns the first job."""
+    first = Gate()
+    queued = pool.submit(first, "first", ticket=ticket)
+    await wait_started(first)
+    later = pool.submit(following)
+    first.release.set()
+    await wait_started(following.before)
+    return queued, later
+
+
+async def test_a_result_whose_listener_has_audio_in_hand_goes_out_at_the_next_jobs_release_point(pools):
+    """The thread goes on to the next job at once and hands the result over when that job's model run
+    releases the GIL, instead of waiting for the GIL the woken event loop took."""
+    pool = pools(1, release_points=True)
+    following = Releasing()
+    first, later = await finish_then_run(pool, Ticket(deadline=time.monotonic() + LISTENER_HAS_AUDIO), following)
+    await loop_turns()
+    assert not first.future.done()  # held while the next job works on its text
+    following.before.release.set()
+    assert await asyncio.wait_for(pool.wait(first), GUARD_S) == "first"  # the next job is still running
+    assert following.after.started.is_set() and not later.future.done()
+    following.after.release.set()
+    assert await asyncio.wait_for(pool.wait(later), GUARD_S) == "done"
+
+
+async def test_a_held_result_goes_out_when_the_next_job_ends_without_reaching_a_release_point(pools):
+    pool = pools(1, release_points=True)
+    following = Releasing(calls_release_point=False)
+    first, later = await finish_then_run(pool, Ticket(deadline=time.monotonic() + LISTENER_HAS_AUDIO), following)
+    following.before.release.set()
+    await wait_started(following.after)
+    await loop_turns()
+    assert not first.future.done()
+    following.after.release.set()
+    assert await asyncio.wait_for(pool.wait(first), GUARD_S) == "first"
+    assert await asyncio.wait_for(pool.wait(later), GUARD_S) == "done"
+
+
+@pytest.mark.parametrize(
+    "options, deadline_s",
+    [
+        ({"release_points": True}, None),  # due now: a segment's first audio, a REST request
+        ({"release_points": True}, 0.0),  # the listener has run dry
+        ({}, LISTENER_HAS_AUDIO),  # the pool's jobs have no release points
+    ],
+)
+async def test_a_result_is_handed_over_at_once_when_it_cannot_wait(pools, options, deadline_s):
+    pool = pools(1, **options)
+    following = Releasing()
+    ticket = Ticket(deadline=None if deadline_s is None else time.monotonic() + deadline_s)
+    first, later = await finish_then_run(pool, ticket, following)
+    assert await asyncio.wait_for(pool.wait(first), GUARD_S) == "first"  # while the next job waits before its release point
+    following.before.release.set()
+    following.after.release.set()
+    assert await asyncio.wait_for(pool.wait(later), GUARD_S) == "done"
 
 
 async def test_discarding_a_running_job_lets_it_finish_and_hands_its_result_to_no_one(pools):

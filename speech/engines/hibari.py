@@ -16,7 +16,7 @@ import numpy as np
 
 from ..audio import signal as audio
 from .base import Capabilities, Engine, EngineError, SynthesisRequest
-from .pool import SynthesisPool
+from .pool import SynthesisPool, release_point
 from .text import for_number_reader
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class HibariEngine(Engine):
 
         voices = available_voices()
         self._models = {name: load_voice(name) for name in voices}
-        self._pool = SynthesisPool(workers, "hibari")
+        self._pool = SynthesisPool(workers, "hibari", release_points=True)
         self.capabilities = Capabilities(
             name="hibari",
             voices=voices,
@@ -107,7 +107,9 @@ class HibariEngine(Engine):
 
     def _render(self, tts, phonemes, speed, rng, pcm16):
         rate = self.capabilities.sample_rate
-        raw = tts.from_ids(tts.ids(phonemes), speed, rng)
+        ids = tts.ids(phonemes)
+        release_point()  # the model's run releases the GIL: the event loop takes the result this thread held back
+        raw = tts.from_ids(ids, speed, rng)
         samples = audio.normalise(audio.trim_silence(raw, rate))
         return audio.quantise(samples) if pcm16 else samples
 
