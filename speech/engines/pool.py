@@ -50,12 +50,14 @@ at once. Handed over at once, the wake-up of the event loop races the thread for
 usually won and delivered, and the thread waited for the switch interval before it could start the
 next job's text, 0.62 ms between two jobs (p50) against 0.17 ms in the raw engine's rounds; held back,
 the loop delivers while the thread runs the model, 0.05 ms between jobs (job timestamps, 30 rounds of
-bench/throughput.py's paragraph at C = 4). Three interleaved A/B runs of 40 rounds: the loop's CPU per
-audio second 0.225 / 0.228 / 0.242 -> 0.211 / 0.212 / 0.218 ms at C = 4 and 0.224 / 0.228 / 0.235 ->
-0.204 / 0.207 / 0.216 ms at C = 8 (6-10 % less); first audio rank by rank against the raw engine
-1.088 / 1.087 / 1.096x -> 1.071 / 1.074 / 1.073x at C = 8, at C = 4 1.068 / 1.089 / 1.085x -> 1.073 /
-1.092 / 1.074x; throughput unchanged (paired 0.998-1.009). A result whose listener is waiting for it,
-a segment's first audio or a REST request, is never held.
+bench/throughput.py's paragraph at C = 4). Four interleaved A/B runs of 40 rounds: the loop's CPU per
+audio second 0.225 / 0.228 / 0.242 / 0.277 -> 0.211 / 0.212 / 0.218 / 0.252 ms at C = 4 and 0.224 /
+0.228 / 0.235 / 0.276 -> 0.204 / 0.207 / 0.216 / 0.252 ms at C = 8 (6-10 % less); first audio rank by
+rank against the raw engine 1.088 / 1.087 / 1.096 / 1.078x -> 1.071 / 1.074 / 1.073 / 1.084x at C = 8,
+at C = 4 1.068 / 1.089 / 1.085 / 1.077x -> 1.073 / 1.092 / 1.074 / 1.061x; throughput unchanged
+(paired 0.998-1.009). The threads' time between jobs was the loop's time on a core, not idle time: the
+loop's delivery now runs beside the model instead. A result whose listener is waiting for it, a
+segment's first audio or a REST request, is never held.
 
 Nothing is refused here: a job a session has accepted waits its turn. Overload is handled before
 work is accepted: a WebSocket handshake or a REST request is refused while `estimated_wait` is
