@@ -285,18 +285,14 @@ class Releasing:
         return self.after("done")
 
 
-async def loop_turns(n=3):
-    """Let the event loop run what is already in its ready queue (a result a thread has posted)."""
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 LISTENER_HAS_AUDIO = 10.0  # seconds: a ticket whose client has this much audio in hand
 
 
 async def finish_then_run(pool, ticket, following):
     """A job on `ticket` finishes while `following` waits for the thread, which then runs it and blocks
-    before its release point. Returns the first job."""
+    before its release point. Returns both jobs. A result the thread handed over before it started
+    `following` is settled by then: the loop runs it before the wake-up of `wait_started`, which the
+    thread's start of `following` caused later."""
     first = Gate()
     queued = pool.submit(first, "first", ticket=ticket)
     await wait_started(first)
@@ -312,7 +308,6 @@ async def test_a_result_whose_listener_has_audio_in_hand_goes_out_at_the_next_jo
     pool = pools(1, release_points=True)
     following = Releasing()
     first, later = await finish_then_run(pool, Ticket(deadline=time.monotonic() + LISTENER_HAS_AUDIO), following)
-    await loop_turns()
     assert not first.future.done()  # held while the next job works on its text
     following.before.release.set()
     assert await asyncio.wait_for(pool.wait(first), GUARD_S) == "first"  # the next job is still running
@@ -327,7 +322,6 @@ async def test_a_held_result_goes_out_when_the_next_job_ends_without_reaching_a_
     first, later = await finish_then_run(pool, Ticket(deadline=time.monotonic() + LISTENER_HAS_AUDIO), following)
     following.before.release.set()
     await wait_started(following.after)
-    await loop_turns()
     assert not first.future.done()
     following.after.release.set()
     assert await asyncio.wait_for(pool.wait(first), GUARD_S) == "first"

@@ -226,12 +226,13 @@ class SynthesisPool:
                 self._running -= 1
                 self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
                 following = self._take()
+            # No other thread needs starting here: a job waits only while every thread is busy (`submit`
+            # starts one on a free thread), and this thread freed its place only to take `following`.
             notice = (job.loop, job.future, result, error)
             if following is not None and self.release_points and _can_wait(job.ticket):
                 _held.notice = notice
             else:
                 _post(*notice)
-            self._dispatch()
             job = following
 
     def _take(self):
