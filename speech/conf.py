@@ -109,7 +109,8 @@ SETTINGS = (
     Setting(
         "SPEECH_ENGINE_WORKERS",
         "int",
-        os.cpu_count() or 1,
+        # The cores this process may run on (a container's cpuset limits them; os.cpu_count() is the host's).
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
         "synthesis threads per process",
         shown="number of cores",
         rule=AT_LEAST_ONE,

@@ -494,3 +494,37 @@ def test_a_synthesis_thread_started_by_a_lowered_thread_is_not_lowered_twice(poo
     thread.start()
     thread.join(GUARD_S)
     assert seen == [target]
+
+
+async def affinity_of_each_thread(pool, threads):
+    """The cores each of `threads` jobs held at once (so on as many threads) may run on."""
+    gates = [Gate() for _ in range(threads)]
+
+    def affinity(gate):
+        gate()
+        return os.sched_getaffinity(0)
+
+    tasks = [asyncio.create_task(pool.run(affinity, gate)) for gate in gates]
+    for gate in gates:
+        await wait_started(gate)
+    for gate in gates:
+        gate.release.set()
+    return await asyncio.wait_for(asyncio.gather(*tasks), GUARD_S)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives each thread its own cores")
+async def test_with_a_thread_for_each_core_every_synthesis_thread_runs_on_a_core_of_its_own(pools):
+    """The default (SPEECH_ENGINE_WORKERS is the number of cores the process may use): each thread is
+    pinned to its own core, together they cover them all, and the event loop's thread keeps every core."""
+    cores = os.sched_getaffinity(0)
+    seen = await affinity_of_each_thread(pools(len(cores)), len(cores))
+    assert all(len(one) == 1 for one in seen)
+    assert set().union(*seen) == cores
+    assert os.sched_getaffinity(0) == cores
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives each thread its own cores")
+async def test_with_more_threads_than_cores_no_synthesis_thread_is_pinned(pools):
+    """Pinned, some core would run two synthesis threads while another might run none."""
+    cores = os.sched_getaffinity(0)
+    assert await affinity_of_each_thread(pools(len(cores) + 1), len(cores) + 1) == [cores] * (len(cores) + 1)

@@ -4,7 +4,10 @@ Settings table, the settings module and `manage.py check` all follow it.
 Only the SPEECH_* rows of the README are compared; DJANGO_*, DATABASE_URL, REDIS_URL, MEDIA_ROOT,
 HOST and PORT are read by ttsproject/settings.py and the Makefile themselves."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import environ
@@ -81,6 +84,20 @@ def test_conf_falls_back_to_the_tables_default(settings):
     assert conf.MAX_SEGMENT_CHARS == 4096
     with pytest.raises(AttributeError):
         _ = conf.NOT_A_SETTING
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="only where a process's cores can be limited")
+def test_the_default_workers_are_the_cores_the_process_may_use():
+    """A container's cpuset (here: the process's affinity, set before the settings load) limits the
+    default, not the host's core count."""
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); import django; django.setup(); "
+        "from speech.conf import conf; print(conf.ENGINE_WORKERS)"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "SPEECH_ENGINE_WORKERS"}
+    env["DJANGO_SETTINGS_MODULE"] = "ttsproject.settings"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=README.parent, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1"]
 
 
 @pytest.mark.parametrize(
