@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from speech.engines.base import EngineError
+from speech.engines.pool import SYNTHESIS_NICE
 from speech.engines.text import for_engine, for_number_reader
 from speech.web.budget import FRAME_COST_FACTOR, OVER_BUDGET_MESSAGE, Budget
 from tests.support.live import open_session, run_session, send_json, serving, wait_for
@@ -69,6 +70,38 @@ def test_abrupt_disconnects_leave_nothing_running(server):
     ceiling = 1 + 2 + min(32, (os.cpu_count() or 1) + 4) + 1
     assert watch.threads() <= ceiling
     assert "Traceback" not in server.stderr_text()
+
+
+def synthesis_threads(pid):
+    """The threads of process `pid` at the synthesis threads' niceness (speech/engines/pool.py)."""
+    nice = os.getpriority(os.PRIO_PROCESS, pid) + SYNTHESIS_NICE
+    found = []
+    for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+        fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        if tid != pid and int(fields[16]) == min(19, nice):
+            found.append(tid)
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="only where a thread's cores can be read")
+def test_the_servers_synthesis_threads_each_run_on_a_core_of_their_own(server):
+    """With SPEECH_ENGINE_WORKERS as many as the cores the server may use, each synthesis thread of
+    the real process is pinned to its own core and its event loop keeps them all; with another number,
+    none is pinned."""
+    # Sessions at once, so that the pool's threads (started as jobs overlap) are likely both running.
+    sessions = [run_session(server.ws_url, {"stream_audio": True}, ["First one here. And a second one."]) for _ in range(3)]
+
+    async def all_sessions():
+        return await asyncio.gather(*sessions)
+
+    assert all(result.types().count("audio.done") == 2 for result in asyncio.run(all_sessions()))
+    cores = os.sched_getaffinity(server.proc.pid)
+    placed = [os.sched_getaffinity(tid) for tid in synthesis_threads(server.proc.pid)]
+    assert 1 <= len(placed) <= 2
+    if len(cores) == 2:
+        assert all(len(one) == 1 for one in placed) and len(set().union(*placed)) == len(placed) and set().union(*placed) <= cores
+    else:
+        assert placed == [cores] * len(placed)
 
 
 def _steady(watch):
