@@ -33,14 +33,14 @@ synthesis too; a server sharing its cores with other work should be given cores 
 With one synthesis thread for each core the process may use (SPEECH_ENGINE_WORKERS's default), each
 thread is pinned to a core of its own (Linux). Unpinned, the wake-ups of the event loop and of the
 clients' threads on the same cores moved a synthesis thread to the other core now and then (0.03-0.05
-times per audio second, /proc's scheduler statistics), where it ran on caches filled by the other
-thread. Pinned, synthesis took 0.7-2.4 % less CPU per audio second, and bench/throughput.py's
-paragraph gained 0.7-2.0 % audio per wall second at C = 4 and 1.9-2.9 % at C = 8 (paired medians of
-five interleaved A/B runs of 12-40 rounds; first audio rank by rank 1.070 / 1.080 / 1.080x -> 1.067 /
-1.065 / 1.073x at C = 4, 1.082 / 1.108 / 1.080x -> 1.064 / 1.070 / 1.057x at C = 8 in the three runs
-against the raw engine). The raw
-engine alone gains nothing from it (paired 1.000 at C = 4, 0.995 at C = 8, 30 rounds): with nothing
-else on the cores, its threads stay where they are. Several processes on one host, each with the
+times per audio second, /proc's scheduler statistics), where its caches were cold (threads made to
+swap cores every 20 ms lost 1.6 % / 0.4 % of throughput at C = 4 / 8). Pinned, synthesis took 0.7-2.4 %
+less CPU per audio second, and bench/throughput.py's paragraph gained 0.7-2.0 % audio per wall second
+at C = 4 and 1.9-2.9 % at C = 8 (paired medians of five interleaved A/B runs of 12-40 rounds; first
+audio rank by rank 1.070 / 1.080 / 1.080x -> 1.067 / 1.065 / 1.073x at C = 4, 1.082 / 1.108 / 1.080x
+-> 1.064 / 1.070 / 1.057x at C = 8 in the three runs against the raw engine). The raw engine alone
+gains nothing from it (paired 1.000 at C = 4, 0.995 at C = 8, 30 rounds): with nothing else on the
+cores, its threads stay where they are. Several processes on one host, each with the
 default, pin alike, so every core runs one synthesis thread of each, as the scheduler would spread
 them. With another number of threads nothing is pinned: some core would get two and another none.
 
