@@ -178,7 +178,7 @@ class SynthesisPool:
         job = _Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
         with self._lock:
             self._waiting.append(job)
-        for handed in self._dispatch(handoff=True):
+        for handed in self._dispatch():
             handed.taken.wait(HANDOFF_WAIT_S)
         return job
 
@@ -198,17 +198,16 @@ class SynthesisPool:
                 self._waiting.remove(job)
         job.future.cancel()
 
-    def _dispatch(self, handoff=False):
-        """Start waiting jobs on free threads, the most urgent first. With `handoff` (the event loop's
-        call, from `submit`), returns the jobs it started, each with its `taken` event to wait for."""
+    def _dispatch(self):
+        """Start waiting jobs on free threads, the most urgent first (`submit`'s call: a finishing thread
+        takes its next job itself). Returns the jobs it started, each with its `taken` event to wait for."""
         handed = []
         while True:
             with self._lock:
                 job = self._take()
             if job is None:
                 return handed
-            if handoff:
-                job.taken = threading.Event()
+            job.taken = threading.Event()
             try:
                 self._executor.submit(self._call, job)
             except RuntimeError:  # shut down: the job can never run
