@@ -179,6 +179,42 @@ async def test_cancel_through_the_socket():
     await comm.disconnect()
 
 
+class _Connection:
+    """Stands in for daphne's protocol under an attached FlowControl: records the messages sent to it."""
+
+    closeHandshakeTimeout = 1
+
+    def __init__(self):
+        self.transport = self
+        self.sent = []
+
+    def registerProducer(self, producer, streaming):
+        pass
+
+    def unregisterProducer(self):
+        pass
+
+    def send_data_message(self, payload, binary):
+        self.sent.append("audio" if binary else json.loads(payload)["type"])
+
+
+async def test_events_and_audio_go_straight_to_the_connection_not_through_channels():
+    connection = _Connection()
+    comm = communicator(FakeEngine())
+    comm.scope[SCOPE_KEY] = FlowControl.attach(connection)
+    ok, _ = await comm.connect(HANG_GUARD_S)
+    assert ok
+    await send(comm, {"type": "session.config", "session": {"stream_audio": True}})
+    await send(comm, {"type": "input.text", "text": "One sentence."})
+    await send(comm, {"type": "input.done"})
+    closed = await output(comm)  # all Channels carries after the accept
+    assert closed["type"] == "websocket.close" and closed["code"] == 1000
+    sent = connection.sent
+    assert sent[:2] == ["session.configured", "audio.start"] and sent[-2:] == ["audio.done", "session.done"]
+    assert sent[2:-2] and set(sent[2:-2]) == {"audio"}
+    await comm.disconnect()
+
+
 async def test_audio_waits_for_a_client_message_the_server_has_read_and_not_handled():
     """daphne reports each message it queues (speech/web/wsprotocol.py); here the test stands in for it."""
     engine = FakeEngine(chunks=3, hold=True)

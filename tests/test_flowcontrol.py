@@ -90,3 +90,21 @@ async def test_the_close_reply_is_awaited_as_long_as_the_client_may_still_be_pla
     assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S + 42.5
     flow.closing(0.0)
     assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S
+
+
+class _Sender(_Protocol):
+    def __init__(self):
+        super().__init__()
+        self.sent = []
+
+    def send_data_message(self, payload, binary):
+        self.sent.append((payload, binary))
+
+
+def test_the_application_sends_text_as_utf8_and_bytes_as_binary_through_the_connection():
+    protocol = _Sender()
+    flow = FlowControl.attach(protocol)
+    assert flow.attached and not FlowControl().attached  # a test's stand-in for daphne sends nothing itself
+    flow.send('{"text":"été"}')
+    flow.send(b"\x00\x01")
+    assert protocol.sent == [('{"text":"été"}'.encode(), False), (b"\x00\x01", True)]

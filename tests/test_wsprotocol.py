@@ -1,7 +1,8 @@
 """What the WebSocket protocol sends goes straight to the socket when nothing is waiting before it
 (speech/web/wsprotocol.py): `write_through` on a real Twisted TCP transport over a real socket pair
-(its reactor never runs, so whatever arrives was sent at once), and the protocol's use of it. Also:
-autobahn's debug log arguments are only formatted for a line that is rendered."""
+(its reactor never runs, so whatever arrives was sent at once), and the protocol's use of it; the
+application's data messages (`send_data_message`) are the frames autobahn's `sendMessage` makes.
+Also: autobahn's debug log arguments are only formatted for a line that is rendered."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import socket
 import click
 import pytest
 from autobahn import util as autobahn_util
+from autobahn.exception import Disconnected, PayloadExceededError
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket import protocol as autobahn_protocol
 from autobahn.websocket.protocol import TrafficStats
@@ -20,7 +22,8 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.tcp import Connection
 from twisted.internet.testing import MemoryReactor, StringTransport
 
-from speech.web.wsprotocol import BudgetedWebSocketProtocol, LogArgument, tcp_transport, write_through
+from speech.web.tcpwindow import writes_through
+from speech.web.wsprotocol import BudgetedWebSocketProtocol, LogArgument, frame_header, tcp_transport, write_through
 
 
 @pytest.fixture
@@ -51,9 +54,20 @@ def received(sock):
         chunks.append(chunk)
 
 
+def drain(tcp, theirs):
+    """What the peer reads until the transport holds nothing more, letting it write as the peer reads (the
+    reactor's turns)."""
+    got = b""
+    while True:
+        got += received(theirs)
+        if writes_through(tcp):  # nothing held: what it wrote is all in the peer's socket now
+            return got + received(theirs)
+        tcp.doWrite()
+
+
 def test_with_nothing_waiting_the_data_goes_straight_to_the_socket(wire):
     tcp, theirs, reactor = wire
-    assert write_through(tcp, b"session.configured") == b""
+    assert write_through(tcp, (b"session.configured",)) == b""
     assert received(theirs) == b"session.configured"
     assert tcp not in reactor.getWriters()  # nothing for the reactor to do: no epoll change
 
@@ -61,7 +75,7 @@ def test_with_nothing_waiting_the_data_goes_straight_to_the_socket(wire):
 def test_data_never_overtakes_what_the_transport_holds(wire):
     tcp, theirs, reactor = wire
     tcp.write(b"first")  # buffered by Twisted, for the reactor's next turn
-    assert write_through(tcp, b"second") == b"second"
+    assert write_through(tcp, (b"second",)) == b"second"
     assert received(theirs) == b""
     tcp.write(b"second")
     tcp.doWrite()  # the reactor's turn
@@ -71,21 +85,17 @@ def test_data_never_overtakes_what_the_transport_holds(wire):
 def test_what_a_full_socket_does_not_take_is_returned_for_the_transport(wire):
     tcp, theirs, reactor = wire
     data = bytes(range(256)) * 4096  # 1 MiB, far more than the socket buffers hold
-    rest = write_through(tcp, data)
+    rest = write_through(tcp, (data,))
     assert 0 < len(rest) < len(data)
-    assert write_through(tcp, b"more") == b"more"  # the socket is full now: EAGAIN, all of it returned
+    assert write_through(tcp, (b"more",)) == b"more"  # the socket is full now: EAGAIN, all of it returned
     tcp.write(rest)
-    got = b""
-    while len(got) < len(data):
-        got += received(theirs)
-        tcp.doWrite()
-    assert got == data
+    assert drain(tcp, theirs) == data
 
 
 def test_a_closing_transport_is_left_to_the_reactor(wire):
     tcp, theirs, reactor = wire
     tcp.loseConnection()  # the reactor closes it once everything is written
-    assert write_through(tcp, b"late") == b"late"
+    assert write_through(tcp, (b"late",)) == b"late"
     assert received(theirs) == b""
 
 
@@ -121,6 +131,141 @@ def test_the_protocol_writes_through_the_tcp_transport_and_only_that(wire):
     assert Wrapper.written == [b"\x82\x05audio"] and received(theirs) == b""
 
 
+def test_parts_go_out_in_one_write_and_a_full_socket_leaves_the_rest_in_order(wire):
+    tcp, theirs, reactor = wire
+    header, payload = b"\x82\x7f" + (1 << 20).to_bytes(8, "big"), bytes(range(256)) * 4096
+    rest = write_through(tcp, (header, payload))
+    assert 0 < len(rest) < len(payload)  # the socket took the header and part of the payload
+    tcp.write(rest)
+    assert drain(tcp, theirs) == header + payload
+
+
+class _CountingSocket:
+    """A socket that takes `takes` bytes of whatever it is given."""
+
+    def __init__(self, takes):
+        self.takes = takes
+
+    def sendmsg(self, parts):
+        return self.takes
+
+
+class _OpenTransport:
+    connected, disconnecting, _tempDataLen, dataBuffer, offset = True, False, 0, b"", 0
+
+    def __init__(self, sock):
+        self.socket = sock
+
+
+@pytest.mark.parametrize("takes", [1, 2, 3, 7])
+def test_what_is_left_starts_where_the_socket_stopped_in_the_header_or_the_payload(takes):
+    parts = (b"\x82\x05", b"audio")
+    assert write_through(_OpenTransport(_CountingSocket(takes)), parts) == b"\x82\x05audio"[takes:]
+
+
+# -- the application's data messages ---------------------------------------------------------------
+
+
+class OpenedProtocol(BudgetedWebSocketProtocol):
+    """The server's protocol once autobahn's own handshake has opened it, with no daphne application behind it."""
+
+    onConnect = WebSocketServerProtocol.onConnect
+    onOpen = WebSocketServerProtocol.onOpen
+
+
+def opened(protocol_class=OpenedProtocol, **options):
+    """A protocol of `protocol_class` built by autobahn's server factory with `options`, after autobahn's own
+    handshake over a StringTransport, which is returned with it, emptied of the handshake's answer."""
+    factory = WebSocketServerFactory("ws://127.0.0.1:9/")
+    factory.protocol = protocol_class
+    for debugging in ("logFrames", "trackTimings"):  # the factory's attributes, not protocol options
+        if debugging in options:
+            setattr(factory, debugging, options.pop(debugging))
+    factory.setProtocolOptions(**options)
+    protocol = factory.buildProtocol(("127.0.0.1", 0))
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    key = base64.b64encode(b"0123456789abcdef").decode()
+    protocol.dataReceived(
+        (
+            "GET / HTTP/1.1\r\nHost: 127.0.0.1:9\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        ).encode()
+    )
+    assert transport.value().startswith(b"HTTP/1.1 101") and protocol.state == protocol.STATE_OPEN
+    transport.clear()
+    return protocol, transport
+
+
+def stats(protocol):
+    return protocol.trafficStats.__json__()
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 65535, 65536, 70000])
+@pytest.mark.parametrize("binary", [True, False])
+def test_a_data_message_is_the_frame_autobahn_sends(size, binary):
+    ours, our_wire = opened()
+    autobahns, autobahn_wire = opened()
+    payload = bytes(range(256)) * (size // 256) + bytes(range(size % 256))
+    ours.send_data_message(payload, binary)
+    autobahns.sendMessage(payload, binary)
+    assert our_wire.value() == autobahn_wire.value()
+    assert our_wire.value()[: -size or None] == frame_header(2 if binary else 1, size)
+    assert stats(ours) == stats(autobahns)
+
+
+@pytest.mark.parametrize("options", [{"autoFragmentSize": 100}, {"maskServerFrames": True}])
+def test_frames_autobahn_is_set_to_make_differently_it_makes_itself(options, monkeypatch):
+    monkeypatch.setattr(autobahn_protocol.random, "getrandbits", lambda bits: 0x01020304)  # the masking key
+    ours, our_wire = opened(**options)
+    autobahns, autobahn_wire = opened(**options)
+    payload = b"x" * 300
+    ours.send_data_message(payload, True)
+    autobahns.sendMessage(payload, True)
+    assert our_wire.value() == autobahn_wire.value() and our_wire.value() != frame_header(2, 300) + payload
+
+
+def test_autobahns_frame_log_and_timings_still_see_every_message(monkeypatch):
+    logged = []
+    monkeypatch.setattr(OpenedProtocol, "logTxFrame", lambda self, header, *args: logged.append(header.length))
+    protocol, _ = opened(logFrames=True)
+    protocol.send_data_message(b"audio", True)
+    assert logged == [5]
+    protocol, _ = opened()
+    protocol.trackedTimings = autobahn_protocol.Timings()  # what setTrackTimings(True) sets
+    protocol.send_data_message(b"audio", True)
+    assert "sendMessage" in protocol.trackedTimings._timings
+
+
+def test_a_message_over_the_limit_fails_as_autobahn_fails_it():
+    protocol, wire = opened(maxMessagePayloadSize=10)
+    protocol.send_data_message(b"0123456789", True)
+    with pytest.raises(PayloadExceededError):
+        protocol.send_data_message(b"0123456789a", True)
+    assert wire.value() == frame_header(2, 10) + b"0123456789"
+
+
+def test_a_closed_connection_raises_disconnected():
+    protocol, wire = opened()
+    protocol.state = protocol.STATE_CLOSED
+    with pytest.raises(Disconnected):
+        protocol.send_data_message(b"late", True)
+    assert wire.value() == b""
+
+
+def test_a_data_message_goes_to_the_socket_in_one_write_and_never_overtakes_twisted(wire):
+    tcp, theirs, reactor = wire
+    protocol, _ = opened()
+    protocol.transport = protocol.speech_tcp = tcp
+    protocol.send_data_message(b"audio", True)
+    assert received(theirs) == b"\x82\x05audio" and tcp not in reactor.getWriters()
+    tcp.write(b"held")  # Twisted holds bytes for the reactor's next turn: the message goes after them
+    protocol.send_data_message("événement".encode(), False)
+    assert received(theirs) == b""
+    text = frame_header(1, len("événement".encode())) + "événement".encode()
+    assert drain(tcp, theirs) == b"held" + text
+
+
 # -- autobahn's debug log arguments ------------------------------------------------------------------
 
 
@@ -137,19 +282,7 @@ def test_a_connection_formats_no_debug_argument_while_debug_logging_is_off(monke
         def onMessage(self, payload, isBinary):
             messages.append(payload)
 
-    factory = WebSocketServerFactory("ws://127.0.0.1:9/")
-    factory.protocol = Echo
-    protocol = factory.buildProtocol(("127.0.0.1", 0))
-    transport = StringTransport()
-    protocol.makeConnection(transport)
-    key = base64.b64encode(b"0123456789abcdef").decode()
-    protocol.dataReceived(
-        (
-            "GET / HTTP/1.1\r\nHost: 127.0.0.1:9\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        ).encode()
-    )
-    assert transport.value().startswith(b"HTTP/1.1 101")
+    protocol, transport = opened(Echo)
     mask = b"\x01\x02\x03\x04"
     payload = bytes(b ^ mask[i % 4] for i, b in enumerate(b"hello"))
     protocol.dataReceived(b"\x81\x85" + mask + payload)  # a masked text frame, as a client sends it

@@ -111,7 +111,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     # -- the session's transport ---------------------------------------------------------------
     async def send_json(self, event):
         if self._open:
-            await self._send(text_data=self.encode_json(event))
+            await self._send(self.encode_json(event))
 
     async def send_bytes(self, data):
         """Audio waits while the client is not reading (speech/web/flowcontrol.py; absent in tests that
@@ -120,7 +120,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         if flow is not None:
             await flow.writable()
         if self._open:
-            await self._send(bytes_data=data)
+            await self._send(data)
 
     def send_room(self):
         """Bytes the next audio frame may hold and still leave at once (speech/web/flowcontrol.py); 0 in
@@ -128,9 +128,17 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         flow = self.scope.get(SCOPE_KEY)
         return flow.send_room() if flow is not None and self._open else 0
 
-    async def _send(self, **frame):
+    async def _send(self, data):
+        """A text (str) or binary (bytes) message: straight to daphne's protocol through the connection's
+        FlowControl (speech/web/flowcontrol.py), or through Channels in tests that run the consumer without daphne."""
+        flow = self.scope.get(SCOPE_KEY)
         try:
-            await self.send(**frame)
+            if flow is not None and flow.attached:
+                flow.send(data)
+            elif isinstance(data, str):
+                await self.send(text_data=data)
+            else:
+                await self.send(bytes_data=data)
         except Disconnected:
             # The client closed while frames were going out; disconnect() is on its way and ends the session.
             self._open = False

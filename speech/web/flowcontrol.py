@@ -16,6 +16,10 @@ handled it (`message_handled`), and `writable()` also waits while one is in betw
 the server has read therefore stops the audio before another frame goes out, however fast the
 client reads (otherwise the frames sent during the loop turns from daphne's read to the session's
 handling of the cancel went out after it).
+
+The consumer also sends its messages through it (`send`): straight to daphne's protocol, which writes
+each frame to the socket itself (speech/web/wsprotocol.py), not through Channels' `send` and daphne's
+`handle_reply`, which add nothing for a connection that is already open.
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ class FlowControl:
         return flow
 
     @property
+    def attached(self):
+        """It belongs to a connection of daphne's (`attach`), not to a test that stands in for daphne."""
+        return self._protocol is not None
+
+    @property
     def paused(self):
         return not self._writable.is_set()
 
@@ -85,6 +94,15 @@ class FlowControl:
         if tcp is None or tcp is not protocol.transport or not self._writable.is_set() or not writes_through(tcp):
             return 0
         return send_room(tcp.socket)
+
+    def send(self, data):
+        """Send `data` (str: a text message, bytes: a binary one) on the connection at once, straight to
+        daphne's protocol (speech/web/wsprotocol.py, `send_data_message`). Raises autobahn's Disconnected
+        once the connection is not open."""
+        if isinstance(data, str):
+            self._protocol.send_data_message(data.encode(), False)
+        else:
+            self._protocol.send_data_message(data, True)
 
     def closing(self, audio_ahead_s):
         """The application is about to close: wait for the client's reply to the close frame until it
