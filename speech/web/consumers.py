@@ -32,6 +32,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self.engine = engine
         self.session = None
         self.admission = None  # speech/web/admission.py: key, slot, group and registry row
+        self.flow = None  # the connection's FlowControl (speech/web/flowcontrol.py), from the scope at connect
         self._open = False
 
     async def __call__(self, scope, receive, send):
@@ -53,11 +54,11 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         try:
             await handler(message)
         finally:
-            flow = self.scope.get(SCOPE_KEY)
-            if flow is not None and message["type"] == "websocket.receive":
-                flow.message_handled()  # audio waited for it (speech/web/flowcontrol.py)
+            if self.flow is not None and message["type"] == "websocket.receive":
+                self.flow.message_handled()  # audio waited for it (speech/web/flowcontrol.py)
 
     async def connect(self):
+        self.flow = self.scope.get(SCOPE_KEY)  # absent in tests that run the consumer without daphne
         # Admission comes before the upgrade's answer, so that an admitted session's group join (a Redis
         # round trip) runs while the 101 and the client's session.config travel. A refused session is
         # accepted too: its client gets the reason, then the close code.
@@ -116,25 +117,22 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def send_bytes(self, data):
         """Audio waits while the client is not reading (speech/web/flowcontrol.py; absent in tests that
         run the consumer without daphne)."""
-        flow = self.scope.get(SCOPE_KEY)
-        if flow is not None:
-            await flow.writable()
+        if self.flow is not None:
+            await self.flow.writable()
         if self._open:
             await self._send(data)
 
     def send_room(self):
         """Bytes the next audio frame may hold and still leave at once (speech/web/flowcontrol.py); 0 in
         tests that run the consumer without daphne."""
-        flow = self.scope.get(SCOPE_KEY)
-        return flow.send_room() if flow is not None and self._open else 0
+        return self.flow.send_room() if self.flow is not None and self._open else 0
 
     async def _send(self, data):
         """A text (str) or binary (bytes) message: straight to daphne's protocol through the connection's
         FlowControl (speech/web/flowcontrol.py), or through Channels in tests that run the consumer without daphne."""
-        flow = self.scope.get(SCOPE_KEY)
         try:
-            if flow is not None and flow.attached:
-                flow.send(data)
+            if self.flow is not None and self.flow.attached:
+                self.flow.send(data)
             elif isinstance(data, str):
                 await self.send(text_data=data)
             else:
@@ -146,9 +144,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def close(self, code=None, reason=None):
         if self._open:
             self._open = False
-            flow = self.scope.get(SCOPE_KEY)
-            if flow is not None and self.session is not None and self.session.pipeline is not None:
-                flow.closing(self.session.pipeline.audio_ahead_s())
+            if self.flow is not None and self.session is not None and self.session.pipeline is not None:
+                self.flow.closing(self.session.pipeline.audio_ahead_s())
             await super().close(code, reason)
 
     @classmethod
