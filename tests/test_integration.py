@@ -507,6 +507,13 @@ def test_healthz_reports_the_engine(server):
     assert "heart" in body["voices"] and body["sample_rate"] == RATE
 
 
+def test_the_server_runs_on_uvloop(server):
+    """`manage.py serve` installs uvloop before Django makes daphne's loop (speech/web/eventloop.py); the
+    start-up line names the loop daphne actually runs on."""
+    line = next(line for line in server.stderr_text().splitlines() if "serving on ws://" in line)
+    assert line.endswith("(engine hibari, event loop uvloop)"), line
+
+
 def test_manage_py_check_passes():
     done = subprocess.run([PYTHON, "manage.py", "check"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -3,7 +3,8 @@
 daphne's own frame limit defaults to 1 MiB, below the contract's 16 MiB session.config. It is set
 here from the settings: the largest allowed frame plus 1 MiB, so that a frame somewhat over a
 limit still reaches the application and gets the contract's error (4009) rather than a bare close.
-daphne runs in this process (speech.web.server), so SIGTERM stops it after sessions have been ended.
+daphne runs in this process (speech.web.server), so SIGTERM stops it after sessions have been ended,
+on uvloop's event loop (speech/web/eventloop.py, which manage.py installs before Django starts).
 """
 
 import logging
@@ -46,7 +47,11 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
 
     def handle(self, *args, host, port, **options):
-        from speech.web.server import SpeechCommandLine  # installs Twisted's asyncio reactor
+        from daphne.server import twisted_loop  # the loop daphne made when Django loaded its app
 
-        logger.info("serving on ws://%s:%s/v1/audio/speech/stream (engine %s)", host, port, conf.ENGINE)
+        from speech.web.server import SpeechCommandLine
+
+        # uvloop's, chosen by manage.py before Django started (speech/web/eventloop.py).
+        loop = type(twisted_loop).__module__.partition(".")[0]
+        logger.info("serving on ws://%s:%s/v1/audio/speech/stream (engine %s, event loop %s)", host, port, conf.ENGINE, loop)
         SpeechCommandLine().run(daphne_args(host, port))

@@ -1,0 +1,23 @@
+"""The event loop `manage.py serve` runs daphne on: uvloop's (libuv's), in place of asyncio's own.
+
+daphne makes its event loop when `daphne.server` is imported, and installs Twisted's asyncio reactor
+on it; Django imports that module while it loads the `daphne` app, so `manage.py` chooses the loop
+before Django starts (`install`). Twisted, daphne, Channels and the sessions run on it unchanged: only
+the loop's own machinery (polling, timers, callbacks, the wake-ups that bring synthesis results from
+the pool's threads) is libuv's compiled code instead of Python's.
+
+The loop shares the machine's cores and the GIL with synthesis, so its CPU is taken from the engine.
+Against the same server on asyncio's loop, three runs of bench/compare.py (40 interleaved rounds of
+bench/throughput.py's paragraph): the loop's CPU per audio second 3-5 % lower at 4 and 8 sessions,
+audio per wall second +0.7 % (rounds paired: -0.1 to +1.3 %), first audio rank by rank 1.06-1.07x ->
+1.05-1.07x of the raw engine's.
+"""
+
+import asyncio
+
+import uvloop
+
+
+def install():
+    """Make every event loop created from now on a uvloop loop; call before `daphne.server` is imported."""
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
