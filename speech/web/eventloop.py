@@ -8,9 +8,8 @@ the pool's threads) is libuv's compiled code instead of Python's.
 
 The loop shares the machine's cores and the GIL with synthesis, so its CPU is taken from the engine.
 Against the same server on asyncio's loop, three runs of bench/compare.py (40 interleaved rounds of
-bench/throughput.py's paragraph): the loop's CPU per audio second 3-5 % lower at 4 and 8 sessions,
-audio per wall second +0.7 % (rounds paired: -0.1 to +1.3 %), first audio rank by rank 1.06-1.07x ->
-1.05-1.07x of the raw engine's.
+bench/throughput.py's paragraph each): the loop's CPU per audio second 3-6 % lower at 4 and 8 sessions,
+audio per wall second 0.6-1.3 % higher (rounds paired); first audio unchanged within the noise.
 """
 
 import asyncio
