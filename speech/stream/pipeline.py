@@ -156,14 +156,14 @@ class Pipeline:
         context.sentences += 1
         self.queued_chars += len(text)
         self._start_producers()
-        self._ensure_delivery()
+        self.resume()
 
     async def finish(self, context: Context) -> None:
         """input.done for `context`: context.done after its last segment (now, if it has none left,
         and the next context may speak)."""
         context.finishing = True
         await self._context_step(context)
-        self._ensure_delivery()
+        self.resume()
 
     def _deliverable(self) -> Job | None:
         """The next segment to send: the queue's first, if its context has the floor."""
@@ -171,7 +171,8 @@ class Pipeline:
             return self.jobs[0]
         return None
 
-    def _ensure_delivery(self) -> None:
+    def resume(self) -> None:
+        """Deliver what may be delivered now (after a context closed, say)."""
         if self._delivery is None and self._deliverable() is not None:
             self._delivery = asyncio.create_task(self._deliver_all(), name=f"{self.session_id}-delivery")
 
@@ -469,7 +470,7 @@ class Pipeline:
             else:
                 job.context.sentences -= 1
         self._start_producers()
-        self._ensure_delivery()
+        self.resume()
         return len(jobs)
 
     async def aclose(self) -> None:

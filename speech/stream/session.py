@@ -316,6 +316,7 @@ class SpeechSession:
         cancelled = await self.pipeline.cancel(context)
         await self._send_cancelled(cancelled, origin, context, played_ms, unspoken)
         self._reset(context)
+        self.pipeline.resume()  # the next context speaks now
 
     def _unsaid(self, context: Context) -> list[str]:
         """The text a context accepted that has no audio out yet: queued segments and its buffer."""
