@@ -158,7 +158,8 @@ async def test_played_ms_past_everything_sent_counts_as_everything_sent(speech):
 async def test_a_bad_played_ms_is_a_recoverable_error(speech, played_ms, message):
     s = await speech()
     await s.send({"type": "input.cancel", "played_ms": played_ms})
-    assert await s.t.event("error") == {"type": "error", "message": message, "error_type": "BadRequestError", "param": "played_ms", "code": 400}
+    error = await s.t.event("error")
+    assert error == {"type": "error", "message": message, "error_type": "BadRequestError", "param": "played_ms", "code": 400}
     await s.barrier()
     await s.finish()
 
@@ -183,7 +184,8 @@ async def test_contexts_speak_one_after_another_and_carry_their_id(speech):
     assert second[0][1]["context_id"] == "b" and second[0][1]["sentence_index"] == 2
     await s.send({"type": "input.done"})
     assert await s.t.event("context.done") == {"type": "context.done", "context_id": "b", "total_sentences": 1}
-    assert await s.t.event("session.done") == {"type": "session.done", "session_id": s.configured["session_id"], "total_sentences": 3}
+    done = await s.t.event("session.done")
+    assert done == {"type": "session.done", "session_id": s.configured["session_id"], "total_sentences": 3}
     await s.t.closed(1000)
     await s.finish()
 
@@ -279,7 +281,13 @@ async def test_open_contexts_are_limited(speech):
     await s.send({"type": "input.text", "text": "Three. ", "context_id": "c3"})
     errors = [v for k, v in await s.t.until("error") if k == "json" and v["type"] == "error"]
     assert errors == [
-        {"type": "error", "message": "too many open contexts (max 2)", "error_type": "BadRequestError", "param": "context_id", "code": 400}
+        {
+            "type": "error",
+            "message": "too many open contexts (max 2)",
+            "error_type": "BadRequestError",
+            "param": "context_id",
+            "code": 400,
+        }
     ]
     await s.send({"type": "input.cancel", "context_id": "c2"})  # closing one makes room
     await s.t.until("input.cancelled")
