@@ -26,13 +26,14 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	touch $@
 
 # Debian packages the tests use: a real browser for the admin, redis-server for the fault tests,
-# nginx for the deployment tier (tests/test_deploy.py).
-SYSTEM_TEST_PACKAGES := chromium chromium-driver redis-server nginx
+# nginx for the deployment tier (tests/test_deploy.py), docker-compose to resolve docker/compose.yaml
+# (tests/test_docker_files.py; no Docker engine needed).
+SYSTEM_TEST_PACKAGES := chromium chromium-driver redis-server nginx docker-compose
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-test-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v redis-server >/dev/null && \
-	  { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; } || \
+	  command -v docker-compose >/dev/null && { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; } || \
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SYSTEM_TEST_PACKAGES); }
 
 install: $(VENV)/.installed

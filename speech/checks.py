@@ -39,3 +39,17 @@ def check_speech_settings(app_configs, **kwargs):
             )
         )
     return errors
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def check_keys_required(app_configs, **kwargs):
+    """`manage.py check --deploy`: a deployment wants API keys (docs/security.md)."""
+    if conf.REQUIRE_API_KEY:
+        return []
+    return [
+        checks.Warning(
+            "SPEECH_REQUIRE_API_KEY is off: anyone who reaches the server may speak, upload and delete voices.",
+            hint="Set SPEECH_REQUIRE_API_KEY=true and create keys with `manage.py create_api_key NAME --scopes …`.",
+            id="speech.W002",
+        )
+    ]
