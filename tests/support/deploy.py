@@ -85,7 +85,7 @@ class Nginx:
         }
 
     def configure(self):
-        self.port = free_port()
+        self.port = self.port or free_port()
         site = render_template(self.template, self.variables())
         (self.dir / "speech.conf").write_text(site)
         for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
@@ -173,9 +173,9 @@ class TlsFront(Nginx):
     template = TLS_TEMPLATE
     scheme = "https"
 
-    def __init__(self, backend, cert, key):
+    def __init__(self, backend, cert, key, port=None):
         super().__init__([backend, backend])
-        self.backend, self.cert, self.key = backend, cert, key
+        self.backend, self.cert, self.key, self.port = backend, cert, key, port
 
     def variables(self):
         return {
