@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from .live import PROJECT_ROOT, free_port, port_accepts, wait_for
@@ -37,6 +38,22 @@ TLS_TEMPLATE = DOCKER / "nginx" / "tls.conf.template"
 NGINX_START_S = 20.0  # hang guard
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"  # Debian's package; /usr/sbin may be off a user's PATH
 POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
+
+
+def _postgres_unusable():
+    """Why the machine's PostgreSQL cannot serve the tests ("" when it can): they are then skipped, saying so."""
+    try:
+        psycopg.connect(**POSTGRES, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (
+            f"no PostgreSQL for user postgres without a password on 127.0.0.1:5432 ({first}); make test starts one (.ci/services)"
+        )
+    return ""
+
+
+_POSTGRES_UNUSABLE = _postgres_unusable()
+needs_postgres = pytest.mark.skipif(bool(_POSTGRES_UNUSABLE), reason=_POSTGRES_UNUSABLE)
 
 
 def render_template(path, variables):
