@@ -142,6 +142,16 @@ def test_check_deploy_names_what_the_defaults_lack():
         assert warning in said, warning
 
 
+def test_check_deploy_warns_when_any_origin_may_open_sessions():
+    env = {**production_environment(), "SPEECH_REQUIRE_API_KEY": "true", "DJANGO_ALLOWED_HOSTS": "*"}
+    code, said = manage("check", "--deploy", "--fail-level", "WARNING", env=env)
+    assert code == 1 and "speech.W003" in said and "a page on any origin may open" in said
+    code, said = manage(
+        "check", "--deploy", "--fail-level", "WARNING", env={**env, "SPEECH_ALLOWED_ORIGINS": "https://tts.example.com"}
+    )
+    assert code == 0, said
+
+
 def test_secrets_are_read_from_files(tmp_path):
     (tmp_path / "key").write_text("a-secret-key-from-a-file-" + "k" * 40 + "\n")
     (tmp_path / "password").write_text("p@ss/word:with#odd chars\n")
