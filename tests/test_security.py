@@ -371,18 +371,33 @@ async def test_a_page_on_another_origin_cannot_open_a_session(settings, process_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_one_tenant_cannot_cancel_or_terminate_another_tenants_session(client, keys):
-    from speech.control import registry
+def test_one_tenant_cannot_cancel_or_terminate_another_tenants_session_but_an_admin_key_can(client, keys):
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
 
-    tenant_a, _ = issue("tenant-a", "speak")
+    from speech.control import registry, signals
+
+    tenant_a, a_secret = issue("tenant-a", "speak")
     _, b_secret = issue("tenant-b", "speak")
+    _, operator = issue("operator", "admin")
     sid = f"speech_ws_{'a' * 32}"
+    layer = get_channel_layer()  # the session's consumer, as the REST endpoints see it: its group's member
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(signals.group(sid), channel)
     registry.opened(sid, voice="fake", engine="fake", api_key=tenant_a)
     for response in (
         client.post(f"/v1/audio/speech/sessions/{sid}/cancel", **bearer(b_secret)),
         client.delete(f"/v1/audio/speech/sessions/{sid}", **bearer(b_secret)),
     ):
         assert envelope(response, 404, "not_found_error")["message"] == f"no live session '{sid}'"
+    for secret, method, path, kind in (
+        (a_secret, client.post, f"/v1/audio/speech/sessions/{sid}/cancel", "cancel"),
+        (operator, client.post, f"/v1/audio/speech/sessions/{sid}/cancel", "cancel"),
+        (operator, client.delete, f"/v1/audio/speech/sessions/{sid}", "terminate"),
+    ):
+        response = method(path, **bearer(secret))
+        assert (response.status_code, response.json()["signal"]) == (202, kind)
+        assert async_to_sync(layer.receive)(channel)["type"] == f"speech.{kind}"
 
 
 @pytest.mark.django_db
