@@ -120,6 +120,21 @@ def test_speech_insecure_lets_it_listen_anywhere(settings):
     assert security.refusal("0.0.0.0") is None
 
 
+def test_with_speech_insecure_serve_starts_off_loopback_and_warns_what_is_open(settings, monkeypatch, caplog):
+    from speech.web import server
+
+    started = []
+    monkeypatch.setattr(server.SpeechCommandLine, "run", lambda self, args: started.append(args))
+    settings.SECRET_KEY = settings.DEVELOPMENT_SECRET_KEY
+    settings.SPEECH_REQUIRE_API_KEY = False
+    settings.SPEECH_INSECURE = True
+    with caplog.at_level("WARNING", logger="speech.serve"):
+        call_command("serve", host="0.0.0.0", port=8123)
+    assert started and started[0][started[0].index("-b") + 1] == "0.0.0.0"
+    (warning,) = [r.getMessage() for r in caplog.records if "SPEECH_INSECURE" in r.getMessage()]
+    assert warning.startswith("SPEECH_INSECURE=true: listening on 0.0.0.0 with DJANGO_SECRET_KEY is the development key")
+
+
 def test_manage_py_serve_exits_with_the_reason_before_listening():
     code, said = manage("serve", "--host", "0.0.0.0", "--port", "1")
     assert code == 1
