@@ -154,7 +154,7 @@ class ApiKeyForm(forms.ModelForm):
 
     class Meta:
         model = ApiKey
-        fields = ["name", "max_sessions", "scopes"]
+        fields = ["name", "max_sessions", "requests_per_minute", "scopes"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -168,15 +168,17 @@ class ApiKeyForm(forms.ModelForm):
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     form = ApiKeyForm
-    list_display = ["name", "prefix", "scopes", "max_sessions", "created_at", "revoked_at"]
+    list_display = ["name", "prefix", "scopes", "max_sessions", "requests_per_minute", "created_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
-    fields = ["name", "max_sessions", "scopes"]
+    fields = ["name", "max_sessions", "requests_per_minute", "scopes"]
     actions = ["revoke"]
 
     def save_model(self, request, obj, form, change):
         if change:
             return super().save_model(request, obj, form, change)
-        key, secret = ApiKey.issue(obj.name, max_sessions=obj.max_sessions, scopes=obj.scopes)
+        key, secret = ApiKey.issue(
+            obj.name, max_sessions=obj.max_sessions, requests_per_minute=obj.requests_per_minute, scopes=obj.scopes
+        )
         obj.pk, obj.id = key.pk, key.pk
         self.message_user(
             request,

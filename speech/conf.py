@@ -143,7 +143,8 @@ SETTINGS = (
         "SPEECH_KEY_REQUESTS_PER_MINUTE",
         "int",
         600,
-        "REST requests a key may make per minute on each instance (a minute's worth at once); past it 429 with "
+        "REST requests a key may make per minute on each instance (a minute's worth at once; a key's own rate "
+        "overrides it); past it 429 with "
         "`Retry-After`. `0`: no limit",
         rule=NOT_NEGATIVE,
     ),

@@ -79,6 +79,12 @@ class ApiKey(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Concurrent sessions across all instances; empty: SPEECH_MAX_SESSIONS_PER_KEY.",
     )
+    requests_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="REST requests a minute on each instance; empty: SPEECH_KEY_REQUESTS_PER_MINUTE; 0: no limit "
+        "(a front instance's key to its upstream makes one request a segment).",
+    )
     scopes = models.CharField(
         max_length=64, default=DEFAULT_SCOPES, help_text="Space-separated: speak, voices, admin (docs/security.md)."
     )

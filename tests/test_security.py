@@ -282,6 +282,19 @@ def test_a_key_over_its_request_rate_gets_429_with_retry_after(client, keys, set
     assert {client.get(VOICES, **bearer(secret)).status_code for _ in range(5)} == {200}
 
 
+@pytest.mark.django_db
+def test_a_keys_own_request_rate_overrides_the_setting(client, keys, settings, monkeypatch):
+    monkeypatch.setattr(ratelimit, "buckets", ratelimit.Buckets(clock=lambda: 1000.0))
+    settings.SPEECH_KEY_REQUESTS_PER_MINUTE = 3
+    _, one = ApiKey.issue("one a minute", requests_per_minute=1)
+    _, front = ApiKey.issue("front instance", requests_per_minute=0)
+    assert client.get(VOICES, **bearer(one)).status_code == 200
+    refused = client.get(VOICES, **bearer(one))
+    assert envelope(refused, 429, "rate_limit_error")["message"] == "too many requests for this API key (limit 1 a minute)"
+    assert refused["Retry-After"] == "60"
+    assert {client.get(VOICES, **bearer(front)).status_code for _ in range(10)} == {200}
+
+
 # -- scopes on the WebSocket ------------------------------------------------------------------------------
 
 
@@ -337,6 +350,9 @@ def test_create_api_key_sets_the_scopes():
     assert row.scopes == "speak admin" and row.prefix == out.getvalue().strip().split(".")[0]
     call_command("create_api_key", "plain", stdout=io.StringIO())
     assert ApiKey.objects.get(name="plain").scopes == "speak"
+    assert ApiKey.objects.get(name="plain").requests_per_minute is None
+    call_command("create_api_key", "front", "--requests-per-minute", "0", stdout=io.StringIO())
+    assert ApiKey.objects.get(name="front").requests_per_minute == 0
     with pytest.raises(CommandError, match="--scopes takes a comma list of speak, voices, admin"):
         call_command("create_api_key", "bad", "--scopes", "root", stdout=io.StringIO())
 

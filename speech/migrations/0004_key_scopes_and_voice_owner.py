@@ -1,5 +1,6 @@
 """API key scopes (issue 45): keys that exist already keep what they could do, `speak` and `voices`;
-new keys get `speak` unless their scopes are chosen. Voices remember the key they were uploaded under."""
+new keys get `speak` unless their scopes are chosen. Voices remember the key they were uploaded under.
+A key may have its own REST request rate."""
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -22,6 +23,16 @@ class Migration(migrations.Migration):
             name="scopes",
             field=models.CharField(
                 default="speak", help_text="Space-separated: speak, voices, admin (docs/security.md).", max_length=64
+            ),
+        ),
+        migrations.AddField(
+            model_name="apikey",
+            name="requests_per_minute",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="REST requests a minute on each instance; empty: SPEECH_KEY_REQUESTS_PER_MINUTE; 0: no limit "
+                "(a front instance's key to its upstream makes one request a segment).",
+                null=True,
             ),
         ),
         migrations.AddField(

@@ -53,8 +53,8 @@ def refused(key, required, scopes=()):
         return error(401, auth.AUTH_FAILED, type="authentication_error")
     if required and scopes and (missing := auth.missing_scope(key, *scopes)):
         return error(403, missing, type=auth.PERMISSION_ERROR)
-    if key is not None and (wait := ratelimit.buckets.take(key.prefix, conf.KEY_REQUESTS_PER_MINUTE)):
-        limit = conf.KEY_REQUESTS_PER_MINUTE
+    limit = conf.KEY_REQUESTS_PER_MINUTE if key is None or key.requests_per_minute is None else key.requests_per_minute
+    if key is not None and (wait := ratelimit.buckets.take(key.prefix, limit)):
         response = error(429, f"too many requests for this API key (limit {limit} a minute)", type=RATE_LIMIT)
         response["Retry-After"] = str(wait)
         return response
