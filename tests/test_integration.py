@@ -516,6 +516,21 @@ def test_the_server_runs_on_uvloop(server):
     assert line.endswith("(engine hibari, event loop uvloop)"), line
 
 
+def test_without_uvloop_the_server_runs_on_asyncios_loop_and_says_so(tmp_path):
+    """Where uvloop has no wheels (Windows) it is not installed: `manage.py serve` warns and serves."""
+    (tmp_path / "uvloop.py").write_text("raise ImportError('no wheel for this platform')\n")
+    srv = DaphneServer({**SERVER_ENV, "PYTHONPATH": f"{tmp_path}:{PROJECT_ROOT}"}).start()
+    try:
+        result = asyncio.run(run_session(srv.ws_url, {"response_format": "pcm"}, ["Hello."]))
+    finally:
+        srv.stop()
+    log = srv.stderr_text()
+    srv.cleanup()
+    assert result.close_code == 1000 and result.audio_frames
+    assert "event loop: asyncio's own (uvloop is not installed" in log
+    assert "event loop asyncio)" in log
+
+
 def test_manage_py_check_passes():
     done = subprocess.run([PYTHON, "manage.py", "check"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
