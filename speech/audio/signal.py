@@ -15,17 +15,26 @@ TARGET_RMS = 0.10  # -20 dBFS over the sounding part
 PEAK_CEILING = 0.89  # -1 dBFS
 
 
-def sound_bounds(samples, rate):
-    """Sample index of the start of the first and the end of the last gate frame holding sound,
-    or None for silence."""
+def loud_frames(samples, rate):
+    """Indexes of the GATE_FRAME_S frames of `samples` (float) that hold sound: their peak is over
+    GATE_RELATIVE of the whole's peak. None of silence."""
     magnitude = np.abs(samples)
     peak = float(magnitude.max()) if samples.size else 0.0
     if peak < 1e-4:
-        return None
+        return np.zeros(0, np.int64)
     frame = max(1, int(rate * GATE_FRAME_S))
     padded = np.zeros(-(-samples.size // frame) * frame, dtype=magnitude.dtype)
     padded[: samples.size] = magnitude
-    loud = np.flatnonzero(padded.reshape(-1, frame).max(axis=1) > peak * GATE_RELATIVE)
+    return np.flatnonzero(padded.reshape(-1, frame).max(axis=1) > peak * GATE_RELATIVE)
+
+
+def sound_bounds(samples, rate):
+    """Sample index of the start of the first and the end of the last gate frame holding sound,
+    or None for silence."""
+    loud = loud_frames(samples, rate)
+    if not loud.size:
+        return None
+    frame = max(1, int(rate * GATE_FRAME_S))
     return int(loud[0]) * frame, min(samples.size, (int(loud[-1]) + 1) * frame)
 
 
