@@ -71,6 +71,10 @@ def words_of(items):
     return [word for item, _ in items if isinstance(item, Alignment) for word in item.words]
 
 
+def test_hibari_says_it_aligns(engine):
+    assert engine.capabilities.aligns
+
+
 @pytest.mark.parametrize("text", TEXTS)
 def test_alignments_cover_every_word_once_in_order_before_its_audio(engine, text):
     items = speak(engine, text, timestamps=True, options={"seed": 1})

@@ -105,6 +105,7 @@ class HibariEngine(Engine):
             # the pitch by up to 7 % at 0.5 (tests/test_formats_live.py); the pipeline's time-stretch
             # is within 3.5 % and keeps the pitch within ~1 %, so every speed goes through it.
             speed_range=(1.0, 1.0),
+            aligns=True,  # word timings from the model's own durations, at next to no cost (hibari_align)
         )
 
     @classmethod
