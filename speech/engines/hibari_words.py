@@ -92,7 +92,7 @@ def normalised(t: Traced) -> Traced:
         if sym in t.text:
             pat = rf"(?<=\S) ?{re.escape(sym)} ?(?=\S)" if sym in "=<>~" else re.escape(sym)
             t = t.sub(re.compile(pat), f" {word} " if word else " ")
-    return t.sub(n.RE_WS, " ").sub(n.RE_SPACE_PUNCT, r"\1").strip()
+    return t.sub(n.RE_WS, " ").sub(n.RE_SPACE_PUNCT, lambda m: m.group(1)).strip()
 
 
 def plan(tts, text: str) -> Plan:

@@ -52,7 +52,7 @@ class Traced:
         text, origin, at = [], [], 0
         for match in pattern.finditer(self.text):
             start, end = match.span()
-            new = repl(match) if callable(repl) else match.expand(repl)
+            new = repl(match) if callable(repl) else match.expand(repl) if "\\" in repl else repl
             text.append(self.text[at:start])
             origin += self.origin[at:start]
             text.append(new)
