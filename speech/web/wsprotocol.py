@@ -18,6 +18,7 @@ from autobahn.twisted import websocket as autobahn_twisted
 from autobahn.websocket import protocol as autobahn_protocol
 from daphne.ws_protocol import WebSocketProtocol
 
+from .. import metrics
 from .budget import frame_cost, get_budget, over_budget_error
 from .tcpwindow import writes_through
 
@@ -45,9 +46,10 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         self.reservation = reservation
 
     def _refuse_over_budget(self):
-        logger.info("refused a %s frame from %s: handshake memory budget in use", self.frame_length, self.client_addr)
-        self.sendMessage(json.dumps(over_budget_error().event()).encode(), isBinary=False)
-        self.sendClose(code=over_budget_error().close_code)
+        metrics.refused(metrics.MEMORY_BUDGET, f"a {self.frame_length}-byte frame from {self.peer}: memory budget in use")
+        error = over_budget_error()
+        self.sendMessage(json.dumps(error.event()).encode(), isBinary=False)
+        self.sendClose(code=error.close_code)
         # autobahn drops this frame's payload and every later frame; daphne still tells the
         # application of the disconnect, so the session ends at once.
         self.failedByMe = True
