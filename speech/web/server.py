@@ -9,7 +9,9 @@ missing for a connection whose application has finished or not started yet (an H
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
 sessions still running. This version skips such connections, waits for every session to end
 (each sends its error event and closes 4001, see consumers.py) and for its client to answer the
-close (or SHUTDOWN_CLOSE_WAIT_S), then stops the channel layer's heartbeat.
+close (or SHUTDOWN_CLOSE_WAIT_S), marks any row of its own still active as terminated (a session
+whose end could not be recorded), then stops the channel layer's heartbeat. From its start it sweeps
+the registry of the rows of instances that are gone (speech/control/sweep.py).
 
 Its WebSocket connections meter large frames against the process's budget from their header on
 (speech/web/wsprotocol.py, speech/web/budget.py), and once no WebSocket has been open for a few
@@ -24,11 +26,15 @@ import sys
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
+from django.utils import timezone
 from twisted.internet import defer, reactor
 
 from .. import memory
+from ..control import registry
 from ..control import signals as control
+from ..control.sweep import Sweeper
 from .admission import Admission
+from .database import on_database_thread
 from .flowcontrol import SCOPE_KEY, FlowControl
 from .wsprotocol import BudgetedWebSocketProtocol, tcp_transport
 
@@ -57,8 +63,13 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 # that audio. Well inside the 10 s a process manager (docker stop) allows before SIGKILL.
 SHUTDOWN_CLOSE_WAIT_S = 5.0
 
+_instance_stopped = on_database_thread(registry.instance_stopped)
+
 
 class SpeechServer(Server):
+    started = None  # when run() began: this process's registry rows are the ones started since
+    _sweeping = None  # the registry sweep's task (speech/control/sweep.py)
+
     def run(self):
         # The application is imported and its engine warmed up by now: about 110,000 objects that live
         # as long as the process. A full collection of the garbage collector walks them all, 40-60 ms
@@ -69,7 +80,12 @@ class SpeechServer(Server):
         gc.collect()
         gc.freeze()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.started = timezone.now()
+        reactor.callWhenRunning(self._sweep)
         super().run()
+
+    def _sweep(self):
+        self._sweeping = asyncio.ensure_future(Sweeper(self.started).run())
 
     @property
     def ws_factory(self):
@@ -133,7 +149,22 @@ class SpeechServer(Server):
         await asyncio.gather(*applications, return_exceptions=True)
         # The registry rows and group memberships of the sessions that ended, and their close handshakes.
         await asyncio.gather(Admission.settle(), self._sockets_closed())
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            await asyncio.gather(self._sweeping, return_exceptions=True)
+        await self._record_stopped()
         await control.stop()  # no task may be left pending when the interpreter exits
+
+    async def _record_stopped(self):
+        if self.started is None:  # never ran
+            return
+        try:
+            ended = await _instance_stopped(self.started)
+        except Exception:
+            logger.exception("could not record the end of this instance's sessions in the registry")
+            return
+        if ended:
+            logger.warning("%i session(s) without a recorded end marked terminated", ended)
 
     async def _sockets_closed(self):
         if self.sockets == 0:
