@@ -19,7 +19,6 @@ seconds, freed memory is returned if a burst left some (speech.memory).
 """
 
 import asyncio
-import gc
 import logging
 import socket
 import sys
@@ -34,6 +33,7 @@ from ..control import registry
 from ..control import signals as control
 from ..control.sweep import Sweeper
 from .admission import Admission
+from .collector import collector
 from .database import on_database_thread
 from .flowcontrol import SCOPE_KEY, FlowControl
 from .wsprotocol import BudgetedWebSocketProtocol, tcp_transport
@@ -74,11 +74,11 @@ class SpeechServer(Server):
         # The application is imported and its engine warmed up by now: about 110,000 objects that live
         # as long as the process. A full collection of the garbage collector walks them all, 40-60 ms
         # with the event loop stopped (bench/handshake.py saw ~100 ms handshakes every few seconds);
-        # frozen, they are left out of every collection.
+        # frozen, they are left out of every collection, and so are the sessions that stay open
+        # (speech/web/collector.py).
         # The event loop shares the GIL with the synthesis threads (G2P and numpy between onnxruntime
         # calls) and the registry's writer: see GIL_SWITCH_INTERVAL_S.
-        gc.collect()
-        gc.freeze()
+        collector.install()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.started = timezone.now()
         reactor.callWhenRunning(self._sweep)
@@ -103,6 +103,7 @@ class SpeechServer(Server):
 
     def protocol_disconnected(self, protocol):
         super().protocol_disconnected(protocol)
+        collector.ended(getattr(protocol, "speech_gc_mark", collector.freezes))
         if getattr(protocol, "speech_socket", False):
             protocol.speech_socket = False
             self.sockets -= 1
@@ -121,6 +122,7 @@ class SpeechServer(Server):
     def create_application(self, protocol, scope):
         """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope, and
         its protocol reports the client's messages to it."""
+        protocol.speech_gc_mark = collector.opened()
         if scope["type"] == "websocket":
             protocol.speech_socket = True
             self.sockets += 1
