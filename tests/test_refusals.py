@@ -15,8 +15,7 @@ import speech.engines
 from speech import metrics
 from speech.control import registry
 
-from .support.communicator import HANG_GUARD_S, PATH, application, output
-from .test_admission import QueuedEngine
+from .support.communicator import HANG_GUARD_S, PATH, QueuedEngine, application, output
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,7 +25,7 @@ from speech.web.consumers import SpeechStreamConsumer
 from speech.web.flowcontrol import FlowControl
 
 from .conftest import limits
-from .test_wsprotocol import OpenedProtocol, opened
+from .support.ws_protocol import OpenedProtocol, opened
 
 TCP_CLOSE = 7  # tcpi_state once the reset has arrived (linux/tcp_states.h)
 WAIT_S = 5.0
