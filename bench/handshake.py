@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cancel import stats_ms, table  # noqa: E402
+from gctrace.sitecustomize import collections_between  # noqa: E402
 from report import RESULTS, header, write_section  # noqa: E402
 
 from tests.support.live import DaphneServer, open_session  # noqa: E402
@@ -140,17 +141,6 @@ async def beside_idle_sessions(loaded_url, empty_url, idle, rounds):
     return loaded, empty, tally.sessions, window
 
 
-def gc_pauses(trace, since, until):
-    """The collections a --gc-trace server recorded between `since` and `until` (wall times): {generation: [seconds]}."""
-    pauses = {0: [], 1: [], 2: []}
-    for path in trace.parent.glob(trace.name + ".*"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if since <= record["at"] <= until:
-                pauses[record["generation"]].append(record["s"])
-    return pauses
-
-
 def idle_rows(env, idle, rounds, gc_trace, root=ROOT):
     """Part (4)'s rows: two servers (in-memory layer) and their bursts; with gc_trace, also each server's
     garbage collections while the bursts ran ({server: {generation: [seconds]}})."""
@@ -174,7 +164,7 @@ def idle_rows(env, idle, rounds, gc_trace, root=ROOT):
         (f"{AT_ONCE} at once beside {admitted} idle sessions", stats_ms(loaded)),
         (f"{AT_ONCE} at once beside none (alternating)", stats_ms(empty)),
     ]
-    pauses = {name: gc_pauses(traces / name, since, until) for name in servers} if gc_trace else None
+    pauses = {name: collections_between(traces / name, since, until) for name in servers} if gc_trace else None
     shutil.rmtree(traces, ignore_errors=True)
     return rows, pauses
 
@@ -325,27 +315,16 @@ def idle_part(env, args):
     report = table(rows) + ("\n\n" + table(pause_rows(pauses)) if pauses else "")
     print(report + "\n\n" + verdict, flush=True)
     code = "" if args.root == ROOT else f", servers of the checkout at {args.root}"
-    command = f"python bench/handshake.py --idle-only --idle {args.idle} --rounds {args.rounds}" + (
-        " --gc-trace" if args.gc_trace else ""
+    command = f"python bench/handshake.py --idle-only --idle {args.idle} --rounds {args.rounds}{' --gc-trace' * args.gc_trace}"
+    about = (
+        f"* {AT_ONCE} handshakes at once (each from its connect to session.configured; the sessions close in the background "
+        f"while the next bursts run), {args.rounds} bursts on each of two servers (in-memory layer, engine {args.engine}), "
+        f"alternating after {WARM_UP} warm-up bursts: one holds {args.idle} idle sessions, the other none. Target: p99 "
+        "beside them <= 2x p99 beside none. --gc-trace: each server's collections during the bursts (generation 2: "
+        "speech/web/collector.py, docs/decisions.md)."
     )
-    return "\n".join(
-        [
-            *header(IDLE_SECTION, command),
-            f"* Run time: {time.monotonic() - started:.0f} s{code}",
-            f"* {AT_ONCE} handshakes at once (each from its connect to session.configured; the sessions close in the "
-            f"background while the next bursts run), {args.rounds} bursts on each of "
-            f"two servers (in-memory layer, engine {args.engine}), alternating burst by burst after {WARM_UP} "
-            f"warm-up bursts: one holds {args.idle} idle configured sessions (opened first, from the same client "
-            "process), the other none. Target: p99 beside them <= 2x p99 beside none. With --gc-trace, each "
-            "server's garbage collections while the bursts ran (generation 2 is the full collection: "
-            "speech/web/collector.py, docs/decisions.md).",
-            "",
-            report,
-            "",
-            f"* {verdict}",
-            "",
-        ]
-    )
+    lines = [*header(IDLE_SECTION, command), f"* Run time: {time.monotonic() - started:.0f} s{code}", about, "", report]
+    return "\n".join([*lines, "", f"* {verdict}", ""])
 
 
 def other_parts(env, args, command, started):

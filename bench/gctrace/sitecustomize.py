@@ -1,8 +1,8 @@
 """The cyclic garbage collector's pauses in a server the benchmarks start (bench/handshake.py --gc-trace).
 
 On PYTHONPATH with SPEECH_BENCH_GC_TRACE=<file>, every Python process started records each collection
-(its generation, how long it stopped the world, the wall time it ended) and writes them to the file as
-JSON lines when it exits. Nothing in the product imports this."""
+(its generation, how long it stopped the world, the wall time it ended) and writes them to <file>.<pid>
+as JSON lines when it exits; `collections_between` reads them back. Nothing in the product imports this."""
 
 import atexit
 import gc
@@ -28,3 +28,14 @@ if _path:
 
     gc.callbacks.append(_trace)
     atexit.register(_write)
+
+
+def collections_between(trace, since, until):
+    """The collections recorded at `trace` between `since` and `until` (wall times): {generation: [seconds]}."""
+    pauses = {0: [], 1: [], 2: []}
+    for path in trace.parent.glob(trace.name + ".*"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if since <= record["at"] <= until:
+                pauses[record["generation"]].append(record["s"])
+    return pauses
