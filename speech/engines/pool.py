@@ -77,24 +77,30 @@ Nothing is refused here: a job a session has accepted waits its turn. Overload i
 work is accepted: a WebSocket handshake or a REST request is refused while `estimated_wait` is
 over SPEECH_MAX_QUEUE_WAIT_S.
 
-Cancelling the awaiting task drops a job that has not started; a running one finishes its step
-and its result is discarded.
+A job whose listener is gone (a hang-up or a cancel: `Ticket.abandon`, or the awaiting task cancelled)
+frees the engine at once. Its waiting jobs are dropped unrun by the next thread that looks, so none of
+them starts after the abandonment however late the event loop gets to it. A running one stops at its
+next release point (`JobAbandoned`); until then it no longer holds a place: its thread drops to the
+lowest CPU priority and leaves the pool when the step ends, and the next waiting job starts at once on a
+new thread placed on the same core, which the old one now yields to. The job being run when a client
+hangs up otherwise kept a newcomer's first sentence waiting for the rest of its step (bench/hangup.py).
 
 Every job that runs is timed into two histograms of speech/metrics.py: how long it waited for a
-thread and how long it ran on one.
+thread and how long it ran on one. Every job's end is counted by outcome (`speech_engine_jobs_total`):
+completed, failed, dropped (never started: its listener left or the pool shut down), stopped (at a
+release point, its listener gone), unheard (ran to its end after its listener left).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
+from .threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
@@ -102,8 +108,15 @@ HANDOFF_WAIT_S = 0.002  # at most this long the event loop waits for an idle thr
 HOLD_MARGIN_S = 0.1  # a result is held back for the next job's release point only if its listener has this much audio in hand
 SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (weight 1024 -> 335)
 
+# A job's life: WAITING for a thread, RUNNING on one, ABANDONED while running (its listener left, its place
+# freed), DONE.
+WAITING, RUNNING, ABANDONED, DONE = "waiting", "running", "abandoned", "done"
 
-_held = threading.local()  # a synthesis thread's finished job whose result waits for its next release point
+_held = threading.local()  # a synthesis thread's job (`job`) and finished job whose result waits (`notice`)
+
+
+class JobAbandoned(Exception):
+    """Raised at a release point of a job whose listener has gone: the job stops there."""
 
 
 class Ticket:
@@ -111,43 +124,69 @@ class Ticket:
     being delivered; until then its jobs wait behind every current one. `deadline` (time.monotonic()
     seconds) is when the session's client runs out of audio; None: due when the job was queued."""
 
-    __slots__ = ("current", "deadline")
+    __slots__ = ("current", "deadline", "abandoned")
 
     def __init__(self, current=True, deadline=None):
         self.current = current
         self.deadline = deadline
+        self.abandoned = False
+
+    def abandon(self):
+        """Nobody will hear this segment (hang-up, cancel): its waiting jobs are dropped unrun and a running
+        one stops at its next release point. A plain write on the event loop, read by the threads: it holds
+        from the next job any thread looks at."""
+        self.abandoned = True
 
 
-CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued
+CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued; never abandoned
 
 
 class _Job:
-    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued", "taken")
+    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued", "taken", "state", "worker")
 
     def __init__(self, fn, args, ticket, seq, loop):
         self.fn, self.args, self.ticket, self.seq, self.loop = fn, args, ticket, seq, loop
         self.future = loop.create_future()
         self.queued = time.monotonic()
         self.taken = None  # set by its thread as it starts, when `submit` hands it to an idle one
+        self.state = WAITING
+        self.worker = None  # the _Worker running it, once known
 
     def urgency(self):
         deadline = self.ticket.deadline
         return (not self.ticket.current, self.queued if deadline is None else deadline, self.seq)
 
 
+class _Worker:
+    """A synthesis thread: runs jobs while there are any, then waits idle for `wake` with its next `job`.
+    A retired one (its job was abandoned mid-run) ends with that job."""
+
+    __slots__ = ("wake", "job", "core", "native_id", "retired")
+
+    def __init__(self):
+        self.wake = threading.Event()
+        self.job = None
+        self.core = None
+        self.native_id = None
+        self.retired = False
+
+
 class SynthesisPool:
     def __init__(self, workers, name, *, release_points=False):
         self.workers = workers
         self.release_points = release_points  # the jobs call release_point() before their model runs
-        placed = {}
-        if sys.platform.startswith("linux"):  # a thread's own niceness and cores; elsewhere a thread's id is not a process's
-            niceness = os.getpriority(os.PRIO_PROCESS, os.getpid()) + SYNTHESIS_NICE
-            placed = {"initializer": _place_thread, "initargs": (niceness, _cores_to_pin(workers), itertools.count())}
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, **placed)
+        self.name = name
+        linux = sys.platform.startswith("linux")  # a thread's own niceness and cores; elsewhere a thread's id is not a process's
+        self._niceness = synthesis_niceness(SYNTHESIS_NICE) if linux else None
+        cores = synthesis_cores(workers) if linux else None
+        self._core_load = dict.fromkeys(cores, 0) if cores else {}  # live (not retired) threads on each pinned core
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
         self._waiting: list[_Job] = []  # scanned when a thread frees: at most two jobs a session
-        self._running = 0
+        self._idle: list[_Worker] = []
+        self._running = 0  # jobs holding a place: running, and not abandoned
+        self._closed = False
         self._seq = itertools.count()
+        self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
 
     @property
@@ -157,6 +196,7 @@ class SynthesisPool:
 
     @property
     def running(self):
+        """Jobs running on a thread for a listener (an abandoned one finishing its step is not counted)."""
         return self._running
 
     def estimated_wait(self):
@@ -177,13 +217,16 @@ class SynthesisPool:
         for its result, or `discard` it."""
         job = _Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
         with self._lock:
+            if self._closed:  # the job can never run
+                job.future.set_exception(RuntimeError("synthesis pool is shut down"))
+                return job
             self._waiting.append(job)
         for handed in self._dispatch():
             handed.taken.wait(HANDOFF_WAIT_S)
         return job
 
     async def wait(self, job):
-        """The result of a submitted job; cancelling the awaiting task drops the job if it has not started."""
+        """The result of a submitted job; cancelling the awaiting task discards the job."""
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -191,53 +234,116 @@ class SynthesisPool:
             raise
 
     def discard(self, job):
-        """Drop a submitted job that has not started; one that has finishes, and nobody hears of it: its
-        future is cancelled, so its result or error is handed to no one (`_settle`)."""
+        """Nobody wants the job's result: a waiting job is dropped; a running one gives its place to the next
+        waiting job at once, its thread demoted to the lowest priority until it stops (at its next release
+        point, or its end) and leaves. Its future is cancelled, so its result or error is handed to no one."""
+        freed = False
         with self._lock:
-            if job in self._waiting:
+            if job.state == WAITING and job in self._waiting:
                 self._waiting.remove(job)
+                job.state = DONE
+                metrics.engine_job_end("dropped")
+            elif job.state == RUNNING:
+                job.state = ABANDONED
+                self._running -= 1
+                freed = True
+                if job.worker is not None:
+                    self._retire(job.worker)
         job.future.cancel()
+        if freed:
+            self._dispatch()
+
+    def _retire(self, worker):
+        """Under the lock: `worker` leaves the pool after its job; its core is free for a new thread."""
+        worker.retired = True
+        if worker.core is not None:
+            self._core_load[worker.core] -= 1
+        if worker.native_id is not None:
+            demote(worker.native_id, LOWEST_NICE)
 
     def _dispatch(self):
-        """Start waiting jobs on free threads, the most urgent first (`submit`'s call: a finishing thread
-        takes its next job itself). Returns the jobs it started, each with its `taken` event to wait for."""
+        """Start waiting jobs on free places, the most urgent first (`submit`'s and `discard`'s call: a
+        finishing thread takes its next job itself): on an idle thread, or a new one. Returns the jobs it
+        started, each with its `taken` event to wait for."""
         handed = []
         while True:
             with self._lock:
                 job = self._take()
-            if job is None:
-                return handed
+                if job is None:
+                    return handed
+                worker = self._idle.pop() if self._idle else None
+                if worker is not None:
+                    job.worker = worker
             job.taken = threading.Event()
-            try:
-                self._executor.submit(self._call, job)
-            except RuntimeError:  # shut down: the job can never run
-                with self._lock:
-                    self._running -= 1
-                _post(job.loop, job.future, None, RuntimeError("synthesis pool is shut down"))
-                return handed
+            if worker is not None:
+                worker.job = job
+                worker.wake.set()
+            else:
+                thread = threading.Thread(target=self._work, args=(job,), name=f"{self.name}_{next(self._threads)}", daemon=True)
+                thread.start()
             handed.append(job)
 
-    def _call(self, job):
-        """Run `job` on this thread, then, while jobs wait, the most urgent of them, without going back
-        through the executor. A finished job's result is held back while this thread goes on to the next
-        job if the pool has release points and the job's listener has audio in hand (`_can_wait`)."""
+    def _work(self, job):
+        """A synthesis thread's life: placed once, then jobs until it retires or the pool shuts down."""
+        worker = _Worker()
+        worker.native_id = threading.get_native_id()
+        with self._lock:
+            job.worker = worker
+            if self._core_load:  # one thread for each core: this one goes where none lives now
+                worker.core = min(self._core_load, key=self._core_load.get)
+                self._core_load[worker.core] += 1
+            if job.state == ABANDONED:
+                self._retire(worker)
+        place_thread(worker.native_id, self._niceness, worker.core)
+        while job is not None:
+            self._call(job, worker)
+            if worker.retired:
+                return
+            worker.wake.wait()
+            worker.wake.clear()
+            job, worker.job = worker.job, None  # None: the pool shut down
+
+    def _call(self, job, worker):
+        """Run `job` on this thread, then, while jobs wait, the most urgent of them; then put this thread
+        among the idle ones, in the same turn of the lock that found no job (or retire it). A finished
+        job's result is held back while this thread goes on to the next job if the pool has release points
+        and the job's listener has audio in hand (`_can_wait`)."""
         while job is not None:
             if job.taken is not None:
                 job.taken.set()
+            _held.job = job
             started = time.monotonic()
             result = error = None
-            try:
-                result = job.fn(*job.args)
-            except BaseException as exc:  # handed to the awaiting task, like concurrent.futures does
-                error = exc
+            ran = not _gone(job)  # else its listener left after it was taken: it never starts
+            if not ran:
+                error = JobAbandoned("its listener has gone")
+            else:
+                try:
+                    result = job.fn(*job.args)
+                except BaseException as exc:  # handed to the awaiting task, like concurrent.futures does
+                    error = exc
             elapsed = time.monotonic() - started
-            release_point()  # the previous job's result, if this one never reached a release point
-            metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
+            _held.job = None
+            _post_held()  # the previous job's result, if this one never reached a release point
+            outcome = _outcome(job, ran, error)
+            if ran:
+                metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
+            metrics.engine_job_end(outcome)
             with self._lock:
-                self._running -= 1
-                self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
-                following = self._take()
-            # No other thread needs starting here: a job waits only while every thread is busy (`submit`
+                if job.state == ABANDONED:  # its place was given away: this thread leaves
+                    following = None
+                else:
+                    self._running -= 1
+                    self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
+                    following = self._take()
+                    if following is not None:
+                        following.worker = worker
+                    elif not self._closed:
+                        self._idle.append(worker)
+                    else:
+                        worker.retired = True
+                job.state = DONE
+            # No other thread needs starting here: a job waits only while every place is taken (`submit`
             # starts one on a free thread), and this thread freed its place only to take `following`.
             notice = (job.loop, job.future, result, error)
             if following is not None and self.release_points and _can_wait(job.ticket):
@@ -247,55 +353,65 @@ class SynthesisPool:
             job = following
 
     def _take(self):
-        """The most urgent waiting job, now counted as running (under the lock), or None."""
-        if not self._waiting or self._running >= self.workers:
+        """The most urgent waiting job, now counted as running (under the lock), or None. Jobs whose
+        listener has gone are dropped on the way."""
+        if self._running >= self.workers or not self._waiting:
             return None
+        if any(job.ticket.abandoned for job in self._waiting):
+            for job in [job for job in self._waiting if job.ticket.abandoned]:
+                self._waiting.remove(job)
+                job.state = DONE
+                metrics.engine_job_end("dropped")
+                _post(job.loop, job.future, None, JobAbandoned())
+            if not self._waiting:
+                return None
         job = min(self._waiting, key=_Job.urgency)
         self._waiting.remove(job)
+        job.state = RUNNING
         self._running += 1
         return job
 
     def shutdown(self):
         with self._lock:
+            self._closed = True
             waiting, self._waiting = self._waiting, []
+            idle, self._idle = self._idle, []
         for job in waiting:
             try:
                 job.loop.call_soon_threadsafe(job.future.cancel)
             except RuntimeError:
                 pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for worker in idle:  # woken with no job: the thread ends
+            worker.wake.set()
 
 
-def _cores_to_pin(workers):
-    """The cores this process may run on, one for each synthesis thread, if there are exactly `workers`
-    of them (the default, SPEECH_ENGINE_WORKERS); otherwise None: the threads are not pinned. Read on the
-    thread that makes the pool: a new thread inherits the cores of the thread that starts it."""
-    cores = sorted(os.sched_getaffinity(0))
-    return cores if len(cores) == workers else None
+def _gone(job):
+    return job.state == ABANDONED or job.ticket.abandoned
 
 
-def _place_thread(niceness, cores, order):
-    """On each synthesis thread as it starts (Linux). Its niceness: the process's plus SYNTHESIS_NICE, as
-    an absolute value, because a new thread inherits the niceness of the thread that started it, which may
-    be another synthesis thread (ThreadPoolExecutor starts threads from whichever submits). Its core: with
-    one thread for each core the process may use (`cores`), the next of them (`order` counts the pool's
-    threads), so that every core runs one synthesis thread and no thread moves."""
-    native_id = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, native_id, min(19, niceness))
-    except OSError:  # not allowed here (a sandbox): synthesis runs at the loop's priority
-        pass
-    if cores is not None:
-        try:
-            os.sched_setaffinity(native_id, {cores[next(order) % len(cores)]})
-        except OSError:  # a core taken away since the pool was made: the thread runs where it may
-            pass
+def _outcome(job, ran, error):
+    if not ran:
+        return "dropped"
+    if isinstance(error, JobAbandoned):
+        return "stopped"
+    if _gone(job):
+        return "unheard"
+    return "failed" if error is not None else "completed"
 
 
 def release_point():
     """Called by a job on a synthesis thread just before a long call that releases the GIL (a model's
-    run): a result this thread held back goes to its event loop now, which handles it while this thread
-    waits in C instead of taking the GIL from it."""
+    run), between the job's steps: a result this thread held back goes to its event loop now, which
+    handles it while this thread waits in C instead of taking the GIL from it; and a job whose listener
+    has gone stops here (`JobAbandoned`)."""
+    job = getattr(_held, "job", None)
+    gone = job is not None and _gone(job)
+    _post_held()  # last before the job goes on (the test of the hand-over relies on it)
+    if gone:
+        raise JobAbandoned("its listener has gone")
+
+
+def _post_held():
     notice = getattr(_held, "notice", None)
     if notice is not None:
         _held.notice = None

@@ -377,6 +377,7 @@ class Pipeline:
         """Stop delivery and every producer (engine work included) and forget all segments. The
         segments are forgotten first: a producer that ends here marks its segment started, which
         must not start the next one's synthesis behind our back."""
+        self.abandon()
         jobs = list(self.jobs)
         self.jobs.clear()
         self.queued_chars = 0
@@ -392,6 +393,13 @@ class Pipeline:
             if job.stream is not None:
                 await job.stream.aclose()  # type: ignore[attr-defined]  # engines' streams close
         return jobs
+
+    def abandon(self) -> None:
+        """Nobody will hear the segments accepted so far: the engine drops their waiting jobs and stops a
+        running one at its next step, from now on, before this loop gets to cancel the tasks that await
+        them (speech/engines/pool.py)."""
+        for job in self.jobs:
+            job.ticket.abandon()
 
     async def cancel(self) -> int:
         """Barge-in: stop the current segment within one frame, drop the rest. Returns how many

@@ -97,6 +97,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code):
         self._open = False
+        if self.session is not None and self.session.pipeline is not None:
+            self.session.pipeline.abandon()  # the engine stops its work now, before the session's teardown
         if self.session is not None:
             await self.admission.release(self.session)
 
