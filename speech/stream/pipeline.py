@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import metrics
-from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
+from ..audio.codecs import RAW_FORMATS, STREAMED_FORMATS, EncodingError, RawEncoder, encode_file
+from ..audio.streaming import SessionEncoder
 from ..engines import SynthesisRequest
 from ..engines.pool import CURRENT, Ticket
 from .errors import SpeechError, bad_request, server_error
@@ -138,6 +139,11 @@ class Pipeline:
         self._played_out_at = 0.0  # monotonic time by which a client playing each frame as it comes has played all
         self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
+        # Streamed mp3/opus/aac: one stream for the whole session, fed in delivery order (_stream_coded).
+        coded = config.stream_audio and config.response_format in STREAMED_FORMATS
+        self._coder = SessionEncoder(config.response_format, self.rate) if coded else None
+        self._coded_s = 0.0  # seconds of audio given to the coder and not yet in a frame sent
+        self._unsent = False  # a frame is on its way to the transport (a cancel may drop it)
 
     @property
     def busy(self) -> bool:
@@ -280,7 +286,9 @@ class Pipeline:
 
     async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
         first = job.bytes_sent == 0
+        self._unsent = True
         await self.transport.send_bytes(data)
+        self._unsent = False
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
         metrics.audio_sent(len(data), seconds)
@@ -300,7 +308,8 @@ class Pipeline:
             self._started(job)
 
     def _stream_encoder(self) -> RawEncoder | None:
-        if self.config.stream_audio:  # the handshake allows streaming for raw formats only
+        """Streamed raw audio is encoded by the producer; compressed audio by delivery (_stream_coded)."""
+        if self.config.stream_audio and self.config.response_format in RAW_FORMATS:
             return RawEncoder(self.config.response_format, self.rate)
         return None
 
@@ -314,10 +323,20 @@ class Pipeline:
                 failure = item
             elif failure is not None:
                 continue
-            elif streaming:  # encoded by the producer; the handshake allows streaming for raw formats only
+            elif self._coder is not None:
+                try:
+                    await self._stream_coded(job, item)
+                except EncodingError as exc:
+                    failure = server_error(str(exc))
+            elif streaming:  # raw audio, encoded by the producer
                 await self._stream(job, raw.bytes_per_sample, item)  # type: ignore[union-attr]
             else:
                 collected.append(item)
+        if self._coder is not None and job.announced:  # all of the segment's audio before its audio.done
+            try:
+                await self._send_coded(job, self._coder.end_segment())
+            except EncodingError as exc:
+                failure = failure or server_error(str(exc))
         if failure is None and collected:
             samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
             try:
@@ -361,6 +380,26 @@ class Pipeline:
             at += len(frame)
             await self._send_audio(job, frame, len(frame) / width / self.rate)
 
+    async def _stream_coded(self, job: Job, samples: np.ndarray) -> None:
+        """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames, encoded FIRST_FRAME_S
+        at a time until the segment's first frame is out (the encoder gathers a few codec frames
+        before its first one), then FRAME_S at a time: the event loop is never held by more than
+        that much encoding, and a cancel stops it within one frame (docs/decisions.md)."""
+        if not job.announced:
+            await self._start(job)
+        at = 0
+        while at < samples.size:
+            step = int(self.rate * (FRAME_S if job.bytes_sent else FIRST_FRAME_S))
+            piece = samples[at : at + step]
+            at += piece.size
+            self._coded_s += piece.size / self.rate
+            await self._send_coded(job, self._coder.encode(piece))  # type: ignore[union-attr]
+
+    async def _send_coded(self, job: Job, data: bytes) -> None:
+        if data:
+            seconds, self._coded_s = self._coded_s, 0.0
+            await self._send_audio(job, data, seconds)
+
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
         await self.transport.send_json(
@@ -389,6 +428,9 @@ class Pipeline:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._coder is not None:  # the stream goes on valid from the last frame the client got
+            self._coder.cut(lost=self._unsent)
+            self._unsent, self._coded_s = False, 0.0
         for job in jobs:  # a producer cancelled before its first step never took its engine stream
             if job.stream is not None:
                 await job.stream.aclose()  # type: ignore[attr-defined]  # engines' streams close

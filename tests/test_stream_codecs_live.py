@@ -1,0 +1,126 @@
+"""Streamed mp3, opus and aac over real sockets: a real daphne (`manage.py serve`), Hibari.
+
+Every binary frame holds whole codec frames (Ogg pages for opus, numbered on across the session), the
+session's frames together decode with FFmpeg (PyAV) as one stream, as long as the pcm session of the
+same text and seed within one codec frame per segment, and a cancel while the client is held stops
+the audio within one frame and leaves the stream valid for the next utterance.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import av
+import pytest
+
+from speech.audio.streaming import SessionEncoder
+from tests.support.live import (
+    collect,
+    configure,
+    is_event,
+    open_session,
+    run_session,
+    segments_of,
+    send_json,
+    serving,
+)
+
+pytestmark = pytest.mark.live
+
+SEED = 5
+TEXT = ["The first sentence is short. ", "The second one, a little longer, takes its time. ", "And a third. "]
+CONTAINERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac"}
+RATES = {"mp3": 24000, "opus": 48000, "aac": 16000}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
+        yield srv
+
+
+def decoded_samples(data, fmt):
+    """Samples FFmpeg decodes from `data` as one stream (an error raises)."""
+    with av.open(io.BytesIO(data), format=CONTAINERS[fmt]) as container:
+        return sum(frame.samples for frame in container.decode(audio=0))
+
+
+def ogg_pages(frame):
+    """(sequence number, page) of each page of a binary frame, which must hold whole pages only."""
+    pages, at = [], 0
+    while at < len(frame):
+        assert frame[at : at + 4] == b"OggS"
+        count = frame[at + 26]
+        end = at + 27 + count + sum(frame[at + 27 : at + 27 + count])
+        assert end <= len(frame), "a page cut across binary frames"
+        pages.append(struct.unpack_from("<I", frame, at + 18)[0])
+        at = end
+    return pages
+
+
+def assert_whole_frames(frames, fmt):
+    if fmt == "opus":
+        numbers = [n for frame in frames for n in ogg_pages(frame)]
+        assert numbers == list(range(len(numbers)))  # one logical stream, no page missing
+        assert frames[0].startswith(b"OggS") and b"OpusHead" in frames[0][:64]
+        return
+    if fmt == "aac":  # ADTS frames, each with its length in its header
+        for frame in frames:
+            at = 0
+            while at < len(frame):
+                assert frame[at] == 0xFF and frame[at + 1] & 0xF0 == 0xF0
+                at += ((frame[at + 3] & 0x03) << 11) | (frame[at + 4] << 3) | (frame[at + 5] >> 5)
+            assert at == len(frame)
+        return
+    for frame in frames:  # each binary frame demuxes into MP3 frames that use all of its bytes
+        with av.open(io.BytesIO(frame), format=CONTAINERS[fmt]) as container:
+            assert sum(packet.size for packet in container.demux(audio=0)) == len(frame)
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
+async def test_a_streamed_session_is_one_stream_as_long_as_pcm_within_a_frame_per_segment(server, fmt):
+    rate = RATES[fmt]
+    coded = await run_session(
+        server.ws_url, {"response_format": fmt, "stream_audio": True, "sample_rate": rate, "seed": SEED}, TEXT
+    )
+    pcm = await run_session(
+        server.ws_url, {"response_format": "pcm", "stream_audio": True, "sample_rate": rate, "seed": SEED}, TEXT
+    )
+    assert coded.close_code == pcm.close_code == 1000
+    segments, problems = segments_of(coded.items)
+    assert problems == [] and len(segments) == len(TEXT)
+    assert all(s.start["format"] == fmt and s.done["total_bytes"] == len(s.audio) for s in segments)
+    frames = coded.audio_frames
+    assert_whole_frames(frames, fmt)
+    pcm_samples = sum(len(frame) for frame in pcm.audio_frames) // 2
+    frame_size = SessionEncoder(fmt, rate).frame_size
+    assert 0 <= decoded_samples(b"".join(frames), fmt) - pcm_samples < len(segments) * frame_size
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
+async def test_a_cancel_cuts_the_segment_and_the_stream_stays_valid_for_the_next_utterance(server, fmt):
+    config = {"response_format": fmt, "stream_audio": True, "seed": SEED}
+    ws = await open_session(server.ws_url)
+    try:
+        await configure(ws, config)
+        await send_json(ws, {"type": "input.text", "text": " ".join(f"Sentence {i} is here to be cut short." for i in range(8))})
+        before = await collect(ws, until=lambda item: item.kind == "audio")
+        await send_json(ws, {"type": "input.cancel"})
+        after = await collect(ws, until=is_event("input.cancelled"))
+        await send_json(ws, {"type": "input.text", "text": "A new answer. "})
+        await send_json(ws, {"type": "input.done"})
+        rest = await collect(ws)
+    finally:
+        await ws.close()
+    assert rest.close_code == 1000
+    items = before.items + after.items + rest.items
+    segments, problems = segments_of(items)
+    assert problems == []  # no frame of the cut speech after its audio.done
+    assert segments[-1].start["sentence_text"] == "A new answer." and not segments[-1].done["cancelled"]
+    assert any(s.done["cancelled"] for s in segments[:-1])
+    frames = [item.data for item in items if item.kind == "audio"]
+    assert_whole_frames(frames, fmt)
+    # The whole session, the cut included, is one stream, and the new answer is in it whole.
+    new_answer = decoded_samples(segments[-1].audio, fmt) if fmt != "opus" else None
+    assert decoded_samples(b"".join(frames), fmt) > (new_answer or 0)
