@@ -562,18 +562,26 @@ async def test_an_abandoned_segments_waiting_jobs_are_dropped_unrun_by_the_next_
     assert outcomes.count("dropped") == 2 and pool.depth == 0
 
 
-async def test_a_running_job_of_an_abandoned_segment_stops_at_its_next_release_point(pools, outcomes):
+async def test_a_running_job_of_an_abandoned_segment_frees_its_place_and_stops_at_its_next_release_point(pools, outcomes):
     pool = pools(1, release_points=True)
     left = Ticket()
     job = Releasing()
-    queued = pool.submit(job, ticket=left)
+    ran_on = []
+
+    def run():
+        ran_on.append(threading.current_thread())
+        return job()
+
+    queued = pool.submit(run, ticket=left)
     await wait_started(job.before)
     left.abandon()
-    job.before.release.set()
+    assert pool.running == 0  # its place is free while its step goes on
     with pytest.raises(pool_module.JobAbandoned):
         await asyncio.wait_for(pool.wait(queued), GUARD_S)
+    job.before.release.set()
+    await asyncio.to_thread(ran_on[0].join, GUARD_S)  # the thread leaves the pool once the job has stopped
     assert not job.after.ran  # its next step never ran
-    assert "stopped" in outcomes and "completed" not in outcomes
+    assert outcomes == ["stopped"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives each thread its own niceness and cores")
@@ -607,3 +615,35 @@ async def test_a_discarded_running_jobs_thread_yields_its_core_to_the_next_job_a
     assert not thread.is_alive()
     await asyncio.wait_for(asyncio.gather(*(pool.wait(job) for job in jobs[1:])), GUARD_S)
     assert outcomes.count("unheard") == 1
+
+
+async def test_a_stoppable_call_of_an_abandoned_job_is_stopped_at_once(pools, outcomes):
+    """`stoppable`'s stop is called from the abandoning thread while the call runs, and the call's
+    failure comes out as JobAbandoned (ONNX Runtime's terminate flag: speech/engines/stopping.py)."""
+    pool = pools(1)
+    left = Ticket()
+    running, stopped = threading.Event(), threading.Event()
+
+    def model_run():
+        with pool_module.stoppable(stopped.set):
+            running.set()
+            assert stopped.wait(GUARD_S), "never stopped"
+            raise RuntimeError("run terminated")  # what ONNX Runtime raises once told to stop
+
+    job = pool.submit(model_run, ticket=left)
+    assert await asyncio.to_thread(running.wait, GUARD_S)
+    left.abandon()
+    with pytest.raises(pool_module.JobAbandoned):
+        await asyncio.wait_for(pool.wait(job), GUARD_S)
+    await asyncio.wait_for(pool.run(lambda: None), GUARD_S)
+    assert await asyncio.to_thread(lambda: _wait_for(lambda: "stopped" in outcomes))
+
+
+def _wait_for(predicate):
+    """Bounded: the stopped job's thread reports its end on its own."""
+    deadline = time.monotonic() + GUARD_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True

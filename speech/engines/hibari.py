@@ -17,6 +17,7 @@ import numpy as np
 from ..audio import signal as audio
 from .base import Capabilities, Engine, EngineError, SynthesisRequest
 from .pool import SynthesisPool, release_point
+from .stopping import StoppableSession
 from .text import for_number_reader
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ def _session(path):
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return StoppableSession(ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]))
 
 
 def load_voice(name):

@@ -77,27 +77,31 @@ Nothing is refused here: a job a session has accepted waits its turn. Overload i
 work is accepted: a WebSocket handshake or a REST request is refused while `estimated_wait` is
 over SPEECH_MAX_QUEUE_WAIT_S.
 
-A job whose listener is gone (a hang-up or a cancel: `Ticket.abandon`, or the awaiting task cancelled)
-frees the engine at once. Its waiting jobs are dropped unrun by the next thread that looks, so none of
-them starts after the abandonment however late the event loop gets to it. A running one stops at its
-next release point (`JobAbandoned`); until then it no longer holds a place: its thread drops to the
-lowest CPU priority and leaves the pool when the step ends, and the next waiting job starts at once on a
-new thread placed on the same core, which the old one now yields to. The job being run when a client
-hangs up otherwise kept a newcomer's first sentence waiting for the rest of its step (bench/hangup.py).
+A job whose listener is gone frees the engine at once: `Ticket.abandon` (the pipeline's, on a cancel, or
+when the connection is lost, before the application hears of it) or the awaiting task cancelled. Its
+waiting jobs are dropped unrun; a running one gives its place away at once and stops at its next step:
+its model run is told to stop (`stoppable`: ONNX Runtime's terminate flag, checked between the graph's
+nodes) and it stops at its next release point (`JobAbandoned`). Meanwhile its thread runs at the lowest
+CPU priority and leaves the pool when the job ends, and the next waiting job starts on a new thread on
+the same core, once the event loop's turn is over (the hang-ups of that turn are all known by then).
+Before, a newcomer's first sentence waited for the rest of the step of a client that had left
+(bench/hangup.py in bench/RESULTS.md; docs/decisions.md).
 
 Every job that runs is timed into two histograms of speech/metrics.py: how long it waited for a
 thread and how long it ran on one. Every job's end is counted by outcome (`speech_engine_jobs_total`):
-completed, failed, dropped (never started: its listener left or the pool shut down), stopped (at a
-release point, its listener gone), unheard (ran to its end after its listener left).
+completed, failed, dropped (never started: its listener had left), stopped (at its next step, its
+listener gone), unheard (ran to its end after its listener left: it was in a step that cannot stop).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sys
 import threading
 import time
+import weakref
 
 from .. import metrics
 from .threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
@@ -112,6 +116,7 @@ SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads 
 # freed), DONE.
 WAITING, RUNNING, ABANDONED, DONE = "waiting", "running", "abandoned", "done"
 
+_pools: weakref.WeakSet[SynthesisPool] = weakref.WeakSet()  # every pool of the process, for Ticket.abandon
 _held = threading.local()  # a synthesis thread's job (`job`) and finished job whose result waits (`notice`)
 
 
@@ -132,17 +137,18 @@ class Ticket:
         self.abandoned = False
 
     def abandon(self):
-        """Nobody will hear this segment (hang-up, cancel): its waiting jobs are dropped unrun and a running
-        one stops at its next release point. A plain write on the event loop, read by the threads: it holds
-        from the next job any thread looks at."""
+        """Nobody will hear this segment (hang-up, cancel): every pool drops its waiting jobs now and gives
+        the place of a running one to the next job at once; that one stops at its next release point."""
         self.abandoned = True
+        for pool in list(_pools):
+            pool.abandon(self)
 
 
 CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued; never abandoned
 
 
 class _Job:
-    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued", "taken", "state", "worker")
+    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued", "taken", "state", "worker", "stop")
 
     def __init__(self, fn, args, ticket, seq, loop):
         self.fn, self.args, self.ticket, self.seq, self.loop = fn, args, ticket, seq, loop
@@ -151,6 +157,7 @@ class _Job:
         self.taken = None  # set by its thread as it starts, when `submit` hands it to an idle one
         self.state = WAITING
         self.worker = None  # the _Worker running it, once known
+        self.stop = None  # stops the call it is in now, from any thread (`stoppable`)
 
     def urgency(self):
         deadline = self.ticket.deadline
@@ -182,12 +189,14 @@ class SynthesisPool:
         self._core_load = dict.fromkeys(cores, 0) if cores else {}  # live (not retired) threads on each pinned core
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
         self._waiting: list[_Job] = []  # scanned when a thread frees: at most two jobs a session
+        self._active: set[_Job] = set()  # running, not abandoned
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._closed = False
         self._seq = itertools.count()
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
+        _pools.add(self)
 
     @property
     def depth(self):
@@ -237,21 +246,49 @@ class SynthesisPool:
         """Nobody wants the job's result: a waiting job is dropped; a running one gives its place to the next
         waiting job at once, its thread demoted to the lowest priority until it stops (at its next release
         point, or its end) and leaves. Its future is cancelled, so its result or error is handed to no one."""
-        freed = False
         with self._lock:
-            if job.state == WAITING and job in self._waiting:
-                self._waiting.remove(job)
-                job.state = DONE
-                metrics.engine_job_end("dropped")
-            elif job.state == RUNNING:
-                job.state = ABANDONED
-                self._running -= 1
-                freed = True
-                if job.worker is not None:
-                    self._retire(job.worker)
+            freed = self._let_go(job)
         job.future.cancel()
         if freed:
+            self._dispatch_soon()
+
+    def abandon(self, ticket):
+        """`Ticket.abandon`'s work here: every job of `ticket` is let go (as `discard` does), its awaiting
+        task told with JobAbandoned."""
+        with self._lock:
+            jobs = [job for job in (*self._waiting, *self._active) if job.ticket is ticket]
+            freed = [self._let_go(job) for job in jobs]
+        for job in jobs:
+            _post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
+        if any(freed):
+            self._dispatch_soon()
+
+    def _dispatch_soon(self):
+        """Start waiting jobs on freed places once this turn of the event loop is over: when several
+        clients hang up together, their disconnects come in one turn, and a place freed by the first
+        would otherwise go to a waiting job of the next one to leave, on a thread of its own."""
+        try:
+            asyncio.get_running_loop().call_soon(self._dispatch)
+        except RuntimeError:  # not on an event loop: now
             self._dispatch()
+
+    def _let_go(self, job):
+        """Under the lock: drop `job` if it waits; if it runs, free its place and retire its thread. True
+        when a place was freed."""
+        if job.state == WAITING and job in self._waiting:
+            self._waiting.remove(job)
+            job.state = DONE
+            metrics.engine_job_end("dropped")
+        elif job.state == RUNNING:
+            job.state = ABANDONED
+            if job.stop is not None:
+                job.stop()
+            self._active.discard(job)
+            self._running -= 1
+            if job.worker is not None:
+                self._retire(job.worker)
+            return True
+        return False
 
     def _retire(self, worker):
         """Under the lock: `worker` leaves the pool after its job; its core is free for a new thread."""
@@ -333,6 +370,7 @@ class SynthesisPool:
                 if job.state == ABANDONED:  # its place was given away: this thread leaves
                     following = None
                 else:
+                    self._active.discard(job)
                     self._running -= 1
                     self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
                     following = self._take()
@@ -368,6 +406,7 @@ class SynthesisPool:
         job = min(self._waiting, key=_Job.urgency)
         self._waiting.remove(job)
         job.state = RUNNING
+        self._active.add(job)
         self._running += 1
         return job
 
@@ -409,6 +448,28 @@ def release_point():
     _post_held()  # last before the job goes on (the test of the hand-over relies on it)
     if gone:
         raise JobAbandoned("its listener has gone")
+
+
+@contextlib.contextmanager
+def stoppable(stop):
+    """Around a long call of a job that another thread can make stop early (`stop()`: ONNX Runtime's
+    terminate flag, speech/engines/stopping.py): the job's abandonment calls `stop` at once, and the
+    call's failure is then JobAbandoned. Outside a synthesis thread's job it changes nothing."""
+    job = getattr(_held, "job", None)
+    if job is None:
+        yield
+        return
+    job.stop = stop
+    try:
+        if _gone(job):  # abandoned before `stop` was in place
+            raise JobAbandoned("its listener has gone")
+        yield
+    except Exception:
+        if _gone(job):
+            raise JobAbandoned("its listener has gone") from None
+        raise
+    finally:
+        job.stop = None
 
 
 def _post_held():
