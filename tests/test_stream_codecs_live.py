@@ -9,10 +9,7 @@ the audio within one frame and leaves the stream valid for the next utterance.
 from __future__ import annotations
 
 import asyncio
-import io
-import struct
 
-import av
 import pytest
 
 from speech.audio.streaming import SessionEncoder
@@ -29,6 +26,7 @@ from tests.support.live import (
     serving,
     wait_for,
 )
+from tests.support.streams import assert_whole_frames, decoded_by_libsndfile, decoded_samples
 
 pytestmark = pytest.mark.live
 
@@ -36,7 +34,6 @@ SEED = 5
 TEXT = ["The first sentence is short. ", "The second one, a little longer, takes its time. ", "And a third. "]
 LONG_TEXT = " ".join(f"Sentence number {i} of a long answer that the client stops reading." for i in range(60)) + " "
 AUDIO_BYTES = "speech_audio_sent_bytes_total"
-CONTAINERS = {"mp3": "mp3", "opus": "ogg", "aac": "aac"}
 RATES = {"mp3": 24000, "opus": 48000, "aac": 16000}
 
 
@@ -44,44 +41,6 @@ RATES = {"mp3": 24000, "opus": 48000, "aac": 16000}
 def server():
     with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
         yield srv
-
-
-def decoded_samples(data, fmt):
-    """Samples FFmpeg decodes from `data` as one stream (an error raises)."""
-    with av.open(io.BytesIO(data), format=CONTAINERS[fmt]) as container:
-        return sum(frame.samples for frame in container.decode(audio=0))
-
-
-def ogg_pages(frame):
-    """(sequence number, page) of each page of a binary frame, which must hold whole pages only."""
-    pages, at = [], 0
-    while at < len(frame):
-        assert frame[at : at + 4] == b"OggS"
-        count = frame[at + 26]
-        end = at + 27 + count + sum(frame[at + 27 : at + 27 + count])
-        assert end <= len(frame), "a page cut across binary frames"
-        pages.append(struct.unpack_from("<I", frame, at + 18)[0])
-        at = end
-    return pages
-
-
-def assert_whole_frames(frames, fmt):
-    if fmt == "opus":
-        numbers = [n for frame in frames for n in ogg_pages(frame)]
-        assert numbers == list(range(len(numbers)))  # one logical stream, no page missing
-        assert frames[0].startswith(b"OggS") and b"OpusHead" in frames[0][:64]
-        return
-    if fmt == "aac":  # ADTS frames, each with its length in its header
-        for frame in frames:
-            at = 0
-            while at < len(frame):
-                assert frame[at] == 0xFF and frame[at + 1] & 0xF0 == 0xF0
-                at += ((frame[at + 3] & 0x03) << 11) | (frame[at + 4] << 3) | (frame[at + 5] >> 5)
-            assert at == len(frame)
-        return
-    for frame in frames:  # each binary frame demuxes into MP3 frames that use all of its bytes
-        with av.open(io.BytesIO(frame), format=CONTAINERS[fmt]) as container:
-            assert sum(packet.size for packet in container.demux(audio=0)) == len(frame)
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
@@ -102,6 +61,11 @@ async def test_a_streamed_session_is_one_stream_as_long_as_pcm_within_a_frame_pe
     pcm_samples = sum(len(frame) for frame in pcm.audio_frames) // 2
     frame_size = SessionEncoder(fmt, rate).frame_size
     assert 0 <= decoded_samples(b"".join(frames), fmt) - pcm_samples < len(segments) * frame_size
+    if fmt != "aac":  # a decoder of another library than the encoder's: libsndfile (mpg123, libopus)
+        samples, decoded_rate = decoded_by_libsndfile(b"".join(frames), fmt)
+        assert decoded_rate == rate and 0 <= samples.size - pcm_samples < len(segments) * frame_size + (
+            1105 if fmt == "mp3" else 0
+        )
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])

@@ -19,24 +19,85 @@ not sent (the zeros' frames, or a cancelled segment's). Settings and their cost:
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
 import struct
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 import av
 import numpy as np
 
+from ..engines.threads import demote, synthesis_niceness
 from .codecs import EncodingError
 from .signal import pcm16
 
 # format -> (FFmpeg encoder, options, bit rate); docs/decisions.md says why.
 ENCODERS = {
     "mp3": ("libmp3lame", {"compression_level": "7", "reservoir": "0"}, None),
-    "opus": ("libopus", {"application": "voip", "compression_level": "5"}, 32000),
+    "opus": ("libopus", {"application": "audio", "compression_level": "0"}, 32000),
     "aac": ("aac", {"aac_coder": "fast"}, None),
 }
 _priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
+ENCODE_NICE = 5  # the encoding threads' niceness over the process's: the synthesis threads' (speech/engines/pool.py)
+
+
+def _lower_priority():
+    if hasattr(os, "getpriority"):
+        demote(threading.get_native_id(), synthesis_niceness(ENCODE_NICE))
+
+
+# FFmpeg's encoders release the GIL: sessions' audio is encoded here, beside the event loop, which an
+# encoder would hold for milliseconds, and at the synthesis threads' priority, which the loop's would
+# take precedence over (docs/decisions.md).
+_threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_lower_priority)
+
+
+class StreamedAudio:
+    """A SessionEncoder driven by a session's delivery on the event loop: a segment's first frame is
+    encoded at once, in the loop (a few codec frames: under a millisecond), the rest on an encoding
+    thread; and what it handed out is known to have been sent or not, so that `cut` keeps an Ogg stream
+    numbered on from the last page the client got."""
+
+    def __init__(self, fmt, rate):
+        self.encoder = SessionEncoder(fmt, rate)
+        self._working: asyncio.Future[bytes] | None = None
+        self._unsent = False  # the last bytes handed out have not been `sent` yet
+
+    async def encode(self, samples, *, inline=False):
+        if inline:
+            return self._handed(self.encoder.encode(samples))
+        return await self._off_loop(self.encoder.encode, samples)
+
+    async def end_segment(self):
+        return await self._off_loop(self.encoder.end_segment)
+
+    def sent(self):
+        """The bytes last handed out are with the transport."""
+        self._unsent = False
+
+    async def cut(self):
+        """After a cancel: once the encoder's work under way is over, the unfinished segment is forgotten."""
+        working, self._working = self._working, None
+        if working is not None:
+            done = await asyncio.gather(working, return_exceptions=True)
+            self._unsent = self._unsent or (isinstance(done[0], bytes) and bool(done[0]))
+        self.encoder.cut(lost=self._unsent)
+        self._unsent = False
+
+    async def _off_loop(self, method, *args):
+        self._working = asyncio.get_running_loop().run_in_executor(_threads, method, *args)
+        # Shielded: a cancelled delivery leaves the encoder's call to end, and `cut` waits for it.
+        data = await asyncio.shield(self._working)
+        self._working = None
+        return self._handed(data)
+
+    def _handed(self, data):
+        self._unsent = bool(data)
+        return data
 
 
 class SessionEncoder:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import metrics
 from ..audio.codecs import RAW_FORMATS, STREAMED_FORMATS, EncodingError, RawEncoder, encode_file
-from ..audio.streaming import SessionEncoder
+from ..audio.streaming import StreamedAudio
 from ..engines import SynthesisRequest
 from ..engines.pool import CURRENT, Ticket
 from .errors import SpeechError, bad_request, server_error
@@ -141,9 +141,8 @@ class Pipeline:
         self._delivery: asyncio.Task[None] | None = None
         # Streamed mp3/opus/aac: one stream for the whole session, fed in delivery order (_stream_coded).
         coded = config.stream_audio and config.response_format in STREAMED_FORMATS
-        self._coder = SessionEncoder(config.response_format, self.rate) if coded else None
+        self._coder = StreamedAudio(config.response_format, self.rate) if coded else None
         self._coded_s = 0.0  # seconds of audio given to the coder and not yet in a frame sent
-        self._unsent = False  # a frame is on its way to the transport (a cancel may drop it)
 
     @property
     def busy(self) -> bool:
@@ -286,9 +285,7 @@ class Pipeline:
 
     async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
         first = job.bytes_sent == 0
-        self._unsent = True
         await self.transport.send_bytes(data)
-        self._unsent = False
         job.bytes_sent += len(data)
         self.bytes_sent += len(data)
         metrics.audio_sent(len(data), seconds)
@@ -334,7 +331,7 @@ class Pipeline:
                 collected.append(item)
         if self._coder is not None and job.announced:  # all of the segment's audio before its audio.done
             try:
-                await self._send_coded(job, self._coder.end_segment())
+                await self._send_coded(job, await self._coder.end_segment())
             except EncodingError as exc:
                 failure = failure or server_error(str(exc))
         if failure is None and collected:
@@ -381,10 +378,10 @@ class Pipeline:
             await self._send_audio(job, frame, len(frame) / width / self.rate)
 
     async def _stream_coded(self, job: Job, samples: np.ndarray) -> None:
-        """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames, encoded FIRST_FRAME_S
-        at a time until the segment's first frame is out (the encoder gathers a few codec frames
-        before its first one), then FRAME_S at a time: the event loop is never held by more than
-        that much encoding, and a cancel stops it within one frame (docs/decisions.md)."""
+        """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames, encoded FIRST_FRAME_S at
+        a time in the loop until the segment's first frame is out (the encoder gathers a few codec
+        frames before its first one), then FRAME_S at a time on an encoding thread
+        (speech/audio/streaming.py): a cancel stops it within one frame (docs/decisions.md)."""
         if not job.announced:
             await self._start(job)
         at = 0
@@ -393,12 +390,14 @@ class Pipeline:
             piece = samples[at : at + step]
             at += piece.size
             self._coded_s += piece.size / self.rate
-            await self._send_coded(job, self._coder.encode(piece))  # type: ignore[union-attr]
+            data = await self._coder.encode(piece, inline=not job.bytes_sent)  # type: ignore[union-attr]
+            await self._send_coded(job, data)
 
     async def _send_coded(self, job: Job, data: bytes) -> None:
         if data:
             seconds, self._coded_s = self._coded_s, 0.0
             await self._send_audio(job, data, seconds)
+            self._coder.sent()  # type: ignore[union-attr]
 
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
@@ -429,8 +428,8 @@ class Pipeline:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._coder is not None:  # the stream goes on valid from the last frame the client got
-            self._coder.cut(lost=self._unsent)
-            self._unsent, self._coded_s = False, 0.0
+            await self._coder.cut()
+            self._coded_s = 0.0
         for job in jobs:  # a producer cancelled before its first step never took its engine stream
             if job.stream is not None:
                 await job.stream.aclose()  # type: ignore[attr-defined]  # engines' streams close

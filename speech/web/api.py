@@ -24,7 +24,7 @@ from ..control import signals as control, registry
 from ..stream import events, messages, oneshot, protocol
 from .. import voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
-from ..audio.streaming import SessionEncoder
+from ..audio.streaming import StreamedAudio
 from ..conf import conf
 from ..engines import EngineBusy, get_engine
 from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
@@ -247,7 +247,7 @@ async def speech(request):
         except SpeechError as exc:
             return _synthesis_error(exc)
         fmt, rate = config.response_format, config.sample_rate
-        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else SessionEncoder(fmt, rate)
+        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else StreamedAudio(fmt, rate)
         response = StreamingHttpResponse(_stream(audio, first, encoder), content_type=CONTENT_TYPES[fmt])
         response["X-Sample-Rate"], response["X-Channels"] = str(rate), "1"
         if fmt == "pcm":
@@ -281,13 +281,14 @@ def _synthesis_error(exc):
 async def _stream(audio, first, encoder):
     """Audio as it is made (raw bytes, or whole mp3/opus/aac frames of one stream); a failure past the
     first byte can only end the stream early."""
+    streamed = isinstance(encoder, StreamedAudio)
     try:
         if first is not None:
-            yield encoder.encode(first)
+            yield await encoder.encode(first) if streamed else encoder.encode(first)
         async for chunk in audio:
-            yield encoder.encode(chunk)
-        if isinstance(encoder, SessionEncoder):
-            yield encoder.end_segment()
+            yield await encoder.encode(chunk) if streamed else encoder.encode(chunk)
+        if streamed:
+            yield await encoder.end_segment()
     except (SpeechError, EncodingError) as exc:
         logger.warning("speech stream ended early: %s", exc)
     finally:
