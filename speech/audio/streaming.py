@@ -42,7 +42,9 @@ ENCODERS = {
     "aac": ("aac", {"aac_coder": "fast"}, None),
 }
 _priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
-ENCODE_NICE = 5  # the encoding threads' niceness over the process's: the synthesis threads' (speech/engines/pool.py)
+# The encoding threads' niceness over the process's: below the synthesis threads' (+5, speech/engines/pool.py),
+# so that synthesis, which every session's first audio waits for, goes first (weight 110 against 335).
+ENCODE_NICE = 10
 
 
 def _lower_priority():
@@ -51,8 +53,8 @@ def _lower_priority():
 
 
 # FFmpeg's encoders release the GIL: sessions' audio is encoded here, beside the event loop, which an
-# encoder would hold for milliseconds, and at the synthesis threads' priority, which the loop's would
-# take precedence over (docs/decisions.md).
+# encoder would hold for milliseconds, and below the synthesis threads' priority, over which the loop's
+# would take precedence (docs/decisions.md). A segment's first frame is encoded in the loop.
 _threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_lower_priority)
 
 
