@@ -96,14 +96,29 @@ listener gone), unheard (ran to its end after its listener left: it was in a ste
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import sys
 import threading
 import time
-import weakref
 
 from .. import metrics
+from .jobs import (
+    ABANDONED,
+    CURRENT,
+    DONE,
+    RUNNING,
+    WAITING,
+    Job,
+    JobAbandoned,
+    Ticket,
+    gone,
+    post,
+    held,
+    post_held,
+    pools,
+    release_point,
+    stoppable,
+)
 from .threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
@@ -111,57 +126,6 @@ INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a s
 HANDOFF_WAIT_S = 0.002  # at most this long the event loop waits for an idle thread to start a job it submitted
 HOLD_MARGIN_S = 0.1  # a result is held back for the next job's release point only if its listener has this much audio in hand
 SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (weight 1024 -> 335)
-
-# A job's life: WAITING for a thread, RUNNING on one, ABANDONED while running (its listener left, its place
-# freed), DONE.
-WAITING, RUNNING, ABANDONED, DONE = "waiting", "running", "abandoned", "done"
-
-_pools: weakref.WeakSet[SynthesisPool] = weakref.WeakSet()  # every pool of the process, for Ticket.abandon
-_held = threading.local()  # a synthesis thread's job (`job`) and finished job whose result waits (`notice`)
-
-
-class JobAbandoned(Exception):
-    """Raised at a release point of a job whose listener has gone: the job stops there."""
-
-
-class Ticket:
-    """A segment's place in the queue. The pipeline sets `current` when the segment becomes the one
-    being delivered; until then its jobs wait behind every current one. `deadline` (time.monotonic()
-    seconds) is when the session's client runs out of audio; None: due when the job was queued."""
-
-    __slots__ = ("current", "deadline", "abandoned")
-
-    def __init__(self, current=True, deadline=None):
-        self.current = current
-        self.deadline = deadline
-        self.abandoned = False
-
-    def abandon(self):
-        """Nobody will hear this segment (hang-up, cancel): every pool drops its waiting jobs now and gives
-        the place of a running one to the next job at once; that one stops at its next release point."""
-        self.abandoned = True
-        for pool in list(_pools):
-            pool.abandon(self)
-
-
-CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued; never abandoned
-
-
-class _Job:
-    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued", "taken", "state", "worker", "stop")
-
-    def __init__(self, fn, args, ticket, seq, loop):
-        self.fn, self.args, self.ticket, self.seq, self.loop = fn, args, ticket, seq, loop
-        self.future = loop.create_future()
-        self.queued = time.monotonic()
-        self.taken = None  # set by its thread as it starts, when `submit` hands it to an idle one
-        self.state = WAITING
-        self.worker = None  # the _Worker running it, once known
-        self.stop = None  # stops the call it is in now, from any thread (`stoppable`)
-
-    def urgency(self):
-        deadline = self.ticket.deadline
-        return (not self.ticket.current, self.queued if deadline is None else deadline, self.seq)
 
 
 class _Worker:
@@ -188,15 +152,15 @@ class SynthesisPool:
         cores = synthesis_cores(workers) if linux else None
         self._core_load = dict.fromkeys(cores, 0) if cores else {}  # live (not retired) threads on each pinned core
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
-        self._waiting: list[_Job] = []  # scanned when a thread frees: at most two jobs a session
-        self._active: set[_Job] = set()  # running, not abandoned
+        self._waiting: list[Job] = []  # scanned when a thread frees: at most two jobs a session
+        self._active: set[Job] = set()  # running, not abandoned
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._closed = False
         self._seq = itertools.count()
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
-        _pools.add(self)
+        pools.add(self)
 
     @property
     def depth(self):
@@ -224,7 +188,7 @@ class SynthesisPool:
     def submit(self, fn, *args, ticket=CURRENT):
         """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
         for its result, or `discard` it."""
-        job = _Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        job = Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
         with self._lock:
             if self._closed:  # the job can never run
                 job.future.set_exception(RuntimeError("synthesis pool is shut down"))
@@ -259,7 +223,7 @@ class SynthesisPool:
             jobs = [job for job in (*self._waiting, *self._active) if job.ticket is ticket]
             freed = [self._let_go(job) for job in jobs]
         for job in jobs:
-            _post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
+            post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
         if any(freed):
             self._dispatch_soon()
 
@@ -348,10 +312,10 @@ class SynthesisPool:
         while job is not None:
             if job.taken is not None:
                 job.taken.set()
-            _held.job = job
+            held.job = job
             started = time.monotonic()
             result = error = None
-            ran = not _gone(job)  # else its listener left after it was taken: it never starts
+            ran = not gone(job)  # else its listener left after it was taken: it never starts
             if not ran:
                 error = JobAbandoned("its listener has gone")
             else:
@@ -360,8 +324,8 @@ class SynthesisPool:
                 except BaseException as exc:  # handed to the awaiting task, like concurrent.futures does
                     error = exc
             elapsed = time.monotonic() - started
-            _held.job = None
-            _post_held()  # the previous job's result, if this one never reached a release point
+            held.job = None
+            post_held()  # the previous job's result, if this one never reached a release point
             outcome = _outcome(job, ran, error)
             if ran:
                 metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
@@ -385,9 +349,9 @@ class SynthesisPool:
             # starts one on a free thread), and this thread freed its place only to take `following`.
             notice = (job.loop, job.future, result, error)
             if following is not None and self.release_points and _can_wait(job.ticket):
-                _held.notice = notice
+                held.notice = notice
             else:
-                _post(*notice)
+                post(*notice)
             job = following
 
     def _take(self):
@@ -400,10 +364,10 @@ class SynthesisPool:
                 self._waiting.remove(job)
                 job.state = DONE
                 metrics.engine_job_end("dropped")
-                _post(job.loop, job.future, None, JobAbandoned())
+                post(job.loop, job.future, None, JobAbandoned())
             if not self._waiting:
                 return None
-        job = min(self._waiting, key=_Job.urgency)
+        job = min(self._waiting, key=Job.urgency)
         self._waiting.remove(job)
         job.state = RUNNING
         self._active.add(job)
@@ -424,8 +388,10 @@ class SynthesisPool:
             worker.wake.set()
 
 
-def _gone(job):
-    return job.state == ABANDONED or job.ticket.abandoned
+def _can_wait(ticket):
+    """A job's listener has audio in hand for longer than HOLD_MARGIN_S: its result may wait for the
+    next job's release point (a job without a deadline is due now)."""
+    return ticket.deadline is not None and ticket.deadline - time.monotonic() > HOLD_MARGIN_S
 
 
 def _outcome(job, ran, error):
@@ -433,69 +399,9 @@ def _outcome(job, ran, error):
         return "dropped"
     if isinstance(error, JobAbandoned):
         return "stopped"
-    if _gone(job):
+    if gone(job):
         return "unheard"
     return "failed" if error is not None else "completed"
 
 
-def release_point():
-    """Called by a job on a synthesis thread just before a long call that releases the GIL (a model's
-    run), between the job's steps: a result this thread held back goes to its event loop now, which
-    handles it while this thread waits in C instead of taking the GIL from it; and a job whose listener
-    has gone stops here (`JobAbandoned`)."""
-    job = getattr(_held, "job", None)
-    gone = job is not None and _gone(job)
-    _post_held()  # last before the job goes on (the test of the hand-over relies on it)
-    if gone:
-        raise JobAbandoned("its listener has gone")
-
-
-@contextlib.contextmanager
-def stoppable(stop):
-    """Around a long call of a job that another thread can make stop early (`stop()`: ONNX Runtime's
-    terminate flag, speech/engines/stopping.py): the job's abandonment calls `stop` at once, and the
-    call's failure is then JobAbandoned. Outside a synthesis thread's job it changes nothing."""
-    job = getattr(_held, "job", None)
-    if job is None:
-        yield
-        return
-    job.stop = stop
-    try:
-        if _gone(job):  # abandoned before `stop` was in place
-            raise JobAbandoned("its listener has gone")
-        yield
-    except Exception:
-        if _gone(job):
-            raise JobAbandoned("its listener has gone") from None
-        raise
-    finally:
-        job.stop = None
-
-
-def _post_held():
-    notice = getattr(_held, "notice", None)
-    if notice is not None:
-        _held.notice = None
-        _post(*notice)
-
-
-def _can_wait(ticket):
-    """A job's listener has audio in hand for longer than HOLD_MARGIN_S: its result may wait for the
-    next job's release point (a job without a deadline is due now)."""
-    return ticket.deadline is not None and ticket.deadline - time.monotonic() > HOLD_MARGIN_S
-
-
-def _post(loop, future, result, error):
-    try:
-        loop.call_soon_threadsafe(_settle, future, result, error)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting
-        pass
-
-
-def _settle(future, result, error):
-    if future.done():  # the awaiting task was cancelled while the job ran
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+__all__ = ["CURRENT", "JobAbandoned", "SynthesisPool", "Ticket", "release_point", "stoppable"]

@@ -3,13 +3,13 @@
 A model's run is most of a job (Hibari's acoustic model: about 30 of a sentence's 50 ms); without
 this, a job whose client hung up in the middle of it ran the model to its end, on a core a newcomer's
 first sentence wanted (bench/hangup.py). ONNX Runtime checks a run's `terminate` flag between the
-graph's nodes, and the run then fails: speech/engines/pool.py's `stoppable` turns that into
+graph's nodes, and the run then fails: speech/engines/jobs.py's `stoppable` turns that into
 JobAbandoned.
 """
 
 from __future__ import annotations
 
-from .pool import stoppable
+from .jobs import stoppable
 
 
 class StoppableSession:
