@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/hangup.py [--rounds 40] [--burst 20] [--no-write] [--strict]
 
-Starts one daphne (`manage.py serve`, engine Hibari, tests/support/live.py). Every round has three
-probes, in rotating order: one on the idle server, one right after one session hung up mid-stream, and
-one right after `--burst` sessions hung up mid-stream at once. Those sessions (pcm, stream_audio, on
+Starts one daphne (`manage.py serve`, engine Hibari, tests/support/live.py). Every round has four
+probes, in rotating order: one on the idle server, one right after one session hung up mid-stream, one
+right after `--burst` silent sessions (configured, no text: what their teardown alone costs) hung up at
+once, and one right after `--burst` sessions hung up mid-stream at once. Those sessions (pcm, stream_audio, on
 blocking sockets of their own) each speak a long text and read until their first audio frame has come;
 then their sockets are reset (no close frame) and the probe sends its sentence's final mark at once. A
 probe is a session configured beforehand (pcm, stream_audio), and its first audio the time from that
@@ -67,17 +68,19 @@ async def probe(ws, sentence):
     return item.at - t0
 
 
-def speaking(url):
+def speaking(url, speak=True):
     """A session mid-stream, on a blocking socket (bench/wsclient.py: the hang-up costs the client no
-    event-loop work of its own): its long text sent after session.configured, its first audio frame read."""
+    event-loop work of its own): its long text sent after session.configured, its first audio frame
+    read. With `speak` false, only configured: a silent session."""
     conn = Connection(url, timeout_s=60)
     conn.send_json({"type": "session.config", "session": {"response_format": "pcm", "stream_audio": True}})
     frames = conn.frames()
     opcode, event = next(frames)
     assert opcode == TEXT and json.loads(event)["type"] == "session.configured", event
-    conn.send_json({"type": "input.text", "text": LONG_TEXT})
-    while next(frames)[0] != BINARY:
-        pass
+    if speak:
+        conn.send_json({"type": "input.text", "text": LONG_TEXT})
+        while next(frames)[0] != BINARY:
+            pass
     return conn
 
 
@@ -95,11 +98,11 @@ def settle(server):
     )
 
 
-async def one_probe(server, sentence, hangups):
+async def one_probe(server, sentence, hangups, speak=True):
     ws = await probe_session(server.ws_url)
     try:
         if hangups:
-            callers = await asyncio.gather(*(asyncio.to_thread(speaking, server.ws_url) for _ in range(hangups)))
+            callers = await asyncio.gather(*(asyncio.to_thread(speaking, server.ws_url, speak) for _ in range(hangups)))
             for caller in callers:
                 hang_up(caller)
         return await probe(ws, sentence)
@@ -108,14 +111,14 @@ async def one_probe(server, sentence, hangups):
 
 
 async def trials(server, rounds, burst):
-    """{hung up before the probe: [seconds]} for 0, 1 and `burst`."""
-    kinds = (0, 1, burst)
+    """{kind: [seconds]} for the kinds of probe: (sessions hung up before it, were they speaking)."""
+    kinds = ((0, True), (1, True), (burst, False), (burst, True))
     seen = {kind: [] for kind in kinds}
     for n in range(WARM_UP + rounds):
         sentence = SENTENCES[n % len(SENTENCES)]
-        for kind in kinds[n % 3 :] + kinds[: n % 3]:
+        for kind in kinds[n % len(kinds) :] + kinds[: n % len(kinds)]:
             await asyncio.to_thread(settle, server)
-            seconds = await one_probe(server, sentence, kind)
+            seconds = await one_probe(server, sentence, *kind)
             if n >= WARM_UP:
                 seen[kind].append(seconds)
         if n >= WARM_UP and (n - WARM_UP + 1) % 10 == 0:
@@ -150,15 +153,21 @@ def main(argv=None):
         print(server.stderr_text()[-4000:], file=sys.stderr)
         raise SystemExit("the server logged a traceback during the benchmark")
     server.cleanup()
-    idle = percentiles(seen[0])
+    idle = percentiles(seen[(0, True)])
     rows = ["| probe | p50 ms | p90 ms | max ms | p50 / idle | p90 / idle |", "|---|---|---|---|---|---|"]
     rows.append(f"| idle server | {idle['p50']:.1f} | {idle['p90']:.1f} | {idle['max']:.1f} | | |")
     verdicts = []
-    for kind, label in ((1, "after 1 hang-up"), (args.burst, f"after {args.burst} hang-ups at once")):
+    labels = (
+        ((1, True), "after 1 hang-up mid-stream"),
+        ((args.burst, False), f"after {args.burst} silent sessions hung up at once (their teardown alone)"),
+        ((args.burst, True), f"after {args.burst} hang-ups mid-stream at once"),
+    )
+    for kind, label in labels:
         after = percentiles(seen[kind])
         p50, p90 = after["p50"] / idle["p50"], after["p90"] / idle["p90"]
         rows.append(f"| {label} | {after['p50']:.1f} | {after['p90']:.1f} | {after['max']:.1f} | {p50:.3f} | {p90:.3f} |")
-        verdicts.append(f"{label} p90 {p90:.3f} **{'PASS' if p90 <= TARGET_RATIO_P90 else 'FAIL'}**")
+        if kind[1]:
+            verdicts.append(f"{label} p90 {p90:.3f} **{'PASS' if p90 <= TARGET_RATIO_P90 else 'FAIL'}**")
     verdict_line = f"Verdict (target p90 <= {TARGET_RATIO_P90}x the idle probe's): " + "; ".join(verdicts) + "."
     record = ", ".join(f"{name} {value:.0f}" for name, value in jobs.items())
     print("\n".join(rows), "", verdict_line, f"engine jobs by outcome: {record}", sep="\n")
@@ -166,9 +175,10 @@ def main(argv=None):
         [
             *header(SECTION, command),
             f"* Run time: {time.monotonic() - started:.0f} s",
-            f"* One daphne (engine Hibari); {args.rounds} rounds after {WARM_UP} warm-up rounds, each three probes in "
-            f"rotating order: on the idle server, right after one session hung up, right after {args.burst} hung up at "
-            "once (pcm, stream_audio, a four-sentence text, first audio frame read, then the socket reset). A probe: a "
+            f"* One daphne (engine Hibari); {args.rounds} rounds after {WARM_UP} warm-up rounds, each four probes in "
+            f"rotating order: on the idle server, right after one session hung up, right after {args.burst} silent "
+            f"sessions (configured, no text) hung up at once, right after {args.burst} hung up at once mid-stream (pcm, "
+            "stream_audio, a four-sentence text, first audio frame read, then the socket reset). A probe: a "
             "configured session (pcm, stream_audio) sends a sentence's final mark; first audio = that frame to the first "
             "binary frame. Percentiles by linear interpolation. Target: p90 <= 1.1x the idle probe's.",
             f"* The pool's record over the run (`speech_engine_jobs_total` by outcome): {record}.",
