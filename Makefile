@@ -11,9 +11,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export HOST PORT
 
-.PHONY: run test test-fast lint bench install install-dev system-test-deps migrate clean
+.PHONY: run test test-fast lint bench install install-dev system-test-deps test-services check-python migrate clean
 
-$(PY):
+# Python 3.11 or newer, checked before anything is installed (a 3.10 fails deep inside pip, on numpy).
+# The venv's own interpreter once it exists, else $(PYTHON).
+CHECKED_PYTHON = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+check-python:
+	@command -v $(CHECKED_PYTHON) >/dev/null 2>&1 || { \
+	  echo "$(CHECKED_PYTHON) is not installed: this project needs Python 3.11 or newer (e.g. apt install python3.11 python3.11-venv), then: make $(or $(MAKECMDGOALS),run) PYTHON=python3.11" >&2; exit 1; }
+	@$(CHECKED_PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] < (3, 11))' || { \
+	  echo "$(CHECKED_PYTHON) is $$($(CHECKED_PYTHON) --version 2>&1); this project needs Python 3.11 or newer. Install one (e.g. apt install python3.11 python3.11-venv) and run: make $(or $(MAKECMDGOALS),run) PYTHON=python3.11" >&2; exit 1; }
+
+$(PY): | check-python
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
@@ -25,26 +34,33 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
 	touch $@
 
-# Debian packages the tests use: a real browser for the admin, redis-server for the fault tests,
-# nginx for the deployment tier (tests/test_deploy.py).
-SYSTEM_TEST_PACKAGES := chromium chromium-driver redis-server nginx
+# Debian packages the tests use (the README lists them): a real browser for the admin and the
+# playground, redis-server for the fault tests, nginx and PostgreSQL for the deployment tier
+# (tests/test_deploy.py), docker-compose to resolve docker/compose.yaml (tests/test_docker_files.py;
+# no Docker engine needed).
+SYSTEM_TEST_PACKAGES := chromium chromium-driver redis-server redis-tools nginx postgresql docker-compose
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 system-test-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v redis-server >/dev/null && \
+	  command -v docker-compose >/dev/null && command -v pg_isready >/dev/null && \
 	  { command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; } || \
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(SYSTEM_TEST_PACKAGES); }
 
+# Redis and PostgreSQL on their usual local ports, started when they are not answering (.ci/services).
+test-services: system-test-deps
+	@bash .ci/services
+
 install: $(VENV)/.installed
-install-dev: $(VENV)/.installed-dev system-test-deps
+install-dev: $(VENV)/.installed-dev test-services
 
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-run: migrate
+run: check-python migrate
 	exec $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
-test: install-dev migrate
+test: check-python install-dev migrate
 	$(PY) manage.py test
 
 # The tiers are pytest markers (pytest.ini); tests/conftest.py refuses a module in the wrong tier.

@@ -11,7 +11,7 @@ from django.utils.html import format_html
 from .audio.codecs import CONTAINER_MEDIA_TYPES
 from .control import signals as control
 from . import voices
-from .models import ApiKey, SessionRecord, Voice
+from .models import DEFAULT_SCOPES, ApiKey, Scope, SessionRecord, Voice
 
 
 class VoiceUploadForm(forms.ModelForm):
@@ -147,17 +147,38 @@ class VoiceAdmin(admin.ModelAdmin):
         return FileResponse(voice.audio.open("rb"), content_type=CONTAINER_MEDIA_TYPES[voice.container])
 
 
+class ApiKeyForm(forms.ModelForm):
+    """The key's scopes as checkboxes, stored space-separated."""
+
+    scopes = forms.MultipleChoiceField(choices=Scope.choices, widget=forms.CheckboxSelectMultiple, initial=[DEFAULT_SCOPES])
+
+    class Meta:
+        model = ApiKey
+        fields = ["name", "max_sessions", "requests_per_minute", "scopes"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.initial["scopes"] = self.instance.scopes.split()
+
+    def clean_scopes(self):
+        return " ".join(scope for scope in Scope.values if scope in self.cleaned_data["scopes"])
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "max_sessions", "created_at", "revoked_at"]
+    form = ApiKeyForm
+    list_display = ["name", "prefix", "scopes", "max_sessions", "requests_per_minute", "created_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
-    fields = ["name", "max_sessions"]
+    fields = ["name", "max_sessions", "requests_per_minute", "scopes"]
     actions = ["revoke"]
 
     def save_model(self, request, obj, form, change):
         if change:
             return super().save_model(request, obj, form, change)
-        key, secret = ApiKey.issue(obj.name, max_sessions=obj.max_sessions)
+        key, secret = ApiKey.issue(
+            obj.name, max_sessions=obj.max_sessions, requests_per_minute=obj.requests_per_minute, scopes=obj.scopes
+        )
         obj.pk, obj.id = key.pk, key.pk
         self.message_user(
             request,

@@ -39,3 +39,27 @@ def check_speech_settings(app_configs, **kwargs):
             )
         )
     return errors
+
+
+@checks.register(checks.Tags.security, deploy=True)
+def check_deployment(app_configs, **kwargs):
+    """`manage.py check --deploy`: a deployment wants API keys, and browser origins it names (docs/security.md)."""
+    found = []
+    if not conf.REQUIRE_API_KEY:
+        found.append(
+            checks.Warning(
+                "SPEECH_REQUIRE_API_KEY is off: anyone who reaches the server may speak, upload and delete voices.",
+                hint="Set SPEECH_REQUIRE_API_KEY=true and create keys with `manage.py create_api_key NAME --scopes …`.",
+                id="speech.W002",
+            )
+        )
+    if not conf.ALLOWED_ORIGINS and "*" in settings.ALLOWED_HOSTS:
+        found.append(
+            checks.Warning(
+                "DJANGO_ALLOWED_HOSTS contains '*' and SPEECH_ALLOWED_ORIGINS is empty: a page on any origin may open "
+                "WebSocket sessions from its visitors' browsers.",
+                hint="Name the host names in DJANGO_ALLOWED_HOSTS, or the allowed origins in SPEECH_ALLOWED_ORIGINS.",
+                id="speech.W003",
+            )
+        )
+    return found

@@ -136,9 +136,26 @@ SETTINGS = (
     ),
     Setting("SPEECH_MAX_MESSAGE_BYTES", "int", 131072, "any later frame", rule=positive()),
     Setting("SPEECH_MAX_PENDING_CHARS", "int", 262144, "unsegmented + queued text", rule=positive()),
+    Setting("SPEECH_MAX_CONTEXTS", "int", 32, "open contexts (turns) per WebSocket session", rule=positive()),
     Setting("SPEECH_MAX_SEGMENT_CHARS", "int", 4096, "one segment", rule=positive()),
     Setting("SPEECH_REQUIRE_API_KEY", "bool", False, "`true`: the WebSocket and every REST endpoint need a key"),
     Setting("SPEECH_MAX_SESSIONS_PER_KEY", "int", 8, "concurrent WebSocket sessions per key, across all instances"),
+    Setting(
+        "SPEECH_KEY_REQUESTS_PER_MINUTE",
+        "int",
+        600,
+        "REST requests a key may make per minute on each instance (a minute's worth at once; a key's own rate "
+        "overrides it); past it 429 with "
+        "`Retry-After`. `0`: no limit",
+        rule=NOT_NEGATIVE,
+    ),
+    Setting(
+        "SPEECH_INSECURE",
+        "bool",
+        False,
+        "`true` lets the server listen off loopback with the development key or without API keys (for trusted "
+        "networks only); otherwise it refuses to start there",
+    ),
     # empty: speech/web/origin.py follows DJANGO_ALLOWED_HOSTS
     Setting("SPEECH_ALLOWED_ORIGINS", "list", [], "browser origins allowed on the WebSocket", shown="`DJANGO_ALLOWED_HOSTS`"),
     Setting("SPEECH_WARM_UP", "bool", True, "warm the engine up before daphne listens (upstream: learn its voices)"),
@@ -251,4 +268,5 @@ def stream_limits():
         max_message_bytes=conf.MAX_MESSAGE_BYTES,
         max_pending_chars=conf.MAX_PENDING_CHARS,
         max_segment_chars=conf.MAX_SEGMENT_CHARS,
+        max_contexts=conf.MAX_CONTEXTS,
     )

@@ -33,6 +33,8 @@ class Voice(models.Model):
     sha256 = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     created_by = models.CharField(max_length=150, blank=True, editable=False)
+    # The key it was uploaded under (REST): that key, or one with the `admin` scope, may delete it.
+    owner = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="voices", editable=False)
     is_active = models.BooleanField("active", default=True)
 
     class Meta:
@@ -54,6 +56,17 @@ class ApiKeyQuerySet(models.QuerySet):
         return self.filter(revoked_at__isnull=True)
 
 
+class Scope(models.TextChoices):
+    """What a key may do (docs/security.md). A key holds a space-separated list of them."""
+
+    SPEAK = "speak", "speak: sessions, REST speech, browser tokens"
+    VOICES = "voices", "voices: upload voices, delete its own"
+    ADMIN = "admin", "admin: cancel or terminate any session, delete any voice"
+
+
+DEFAULT_SCOPES = "speak"  # new keys; keys from before scopes were migrated to "speak voices"
+
+
 class ApiKey(models.Model):
     """A client's key. Only a hash is stored; the key itself is shown once, when created."""
 
@@ -65,6 +78,15 @@ class ApiKey(models.Model):
         blank=True,
         validators=[MinValueValidator(1)],
         help_text="Concurrent sessions across all instances; empty: SPEECH_MAX_SESSIONS_PER_KEY.",
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="REST requests a minute on each instance; empty: SPEECH_KEY_REQUESTS_PER_MINUTE; 0: no limit "
+        "(a front instance's key to its upstream makes one request a segment).",
+    )
+    scopes = models.CharField(
+        max_length=64, default=DEFAULT_SCOPES, help_text="Space-separated: speak, voices, admin (docs/security.md)."
     )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
@@ -88,6 +110,9 @@ class ApiKey(models.Model):
         prefix = KEY_PREFIX + secrets.token_hex(4)
         secret = f"{prefix}.{secrets.token_urlsafe(32)}"
         return cls.objects.create(name=name, prefix=prefix, hashed=cls.digest(secret), **fields), secret
+
+    def allows(self, scope):
+        return scope in self.scopes.split()
 
     @property
     def revoked(self):

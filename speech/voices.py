@@ -185,7 +185,7 @@ def check_claims(facts, filename, content_type):
         raise VoiceError(f"audio_sample is {facts.container} audio but was sent as {ctype}")
 
 
-def create_voice(*, name, consent, data, filename="", content_type="", transcript="", language="", created_by=""):
+def create_voice(*, name, consent, data, filename="", content_type="", transcript="", language="", created_by="", owner=None):
     """Check everything, then store the file and the row together. Returns the Voice."""
     name = check_name(name)
     if not (consent or "").strip():
@@ -204,6 +204,7 @@ def create_voice(*, name, consent, data, filename="", content_type="", transcrip
         duration_s=facts.duration_s,
         sha256=hashlib.sha256(data).hexdigest(),
         created_by=created_by,
+        owner=owner,
     )
     if Voice.objects.filter(name__iexact=name).exists():
         raise VoiceError(f"a voice named '{name}' exists already", "name")

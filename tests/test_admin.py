@@ -363,7 +363,7 @@ def test_bulk_delete_action_removes_the_files(admin, media):
 
 @pytest.mark.django_db
 def test_adding_an_api_key_shows_it_once_and_stores_only_its_hash(admin):
-    response = admin.post(KEY_ADD, {"name": "partner", "max_sessions": "3"}, follow=True)
+    response = admin.post(KEY_ADD, {"name": "partner", "max_sessions": "3", "scopes": ["speak"]}, follow=True)
     assert response.status_code == 200
     shown = [KEY_IN_MESSAGE.search(m) for m in messages_of(response)]
     keys = [m.group(1) for m in shown if m]
@@ -385,7 +385,7 @@ def test_adding_an_api_key_shows_it_once_and_stores_only_its_hash(admin):
 
 @pytest.mark.django_db
 def test_adding_a_key_without_a_limit_uses_the_setting(admin):
-    admin.post(KEY_ADD, {"name": "unlimited"}, follow=True)
+    admin.post(KEY_ADD, {"name": "unlimited", "scopes": ["speak"]}, follow=True)
     assert ApiKey.objects.get().max_sessions is None
 
 

@@ -392,7 +392,7 @@ AUTH = dict(type_="authentication_error", param=None, message="Invalid or missin
 
 @pytest.fixture
 def key(db):
-    return ApiKey.issue("client")
+    return ApiKey.issue("client", scopes="speak voices")
 
 
 def bad_credentials(key_row, secret):
@@ -499,7 +499,7 @@ def test_a_token_is_not_an_api_key(client, keys_required, key):
 def test_keys_and_tokens_never_reach_the_logs(client, settings, media, caplog):
     caplog.set_level(logging.DEBUG)
     settings.SPEECH_REQUIRE_API_KEY = True
-    row, secret = ApiKey.issue("logged")
+    row, secret = ApiKey.issue("logged", scopes="speak voices")
     revoked, revoked_secret = ApiKey.issue("gone")
     ApiKey.objects.filter(pk=revoked.pk).update(revoked_at=timezone.now())
     wrong = row.prefix + ".wrong-secret-value-123"

@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from tests.support.deploy import PostgresDatabase
+from tests.support.deploy import PostgresDatabase, needs_postgres
 from tests.support.live import DaphneServer, configure, open_session
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, needs_postgres]
 
 HANDSHAKES = 10
 

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from .support import audio_samples as samples
-from .support.deploy import DOCKER, Nginx, PostgresDatabase, dockerfile, http, local_environment
+from .support.deploy import DOCKER, Nginx, PostgresDatabase, dockerfile, http, local_environment, needs_postgres
 from .support.live import (
     PROJECT_ROOT,
     DaphneServer,
@@ -41,7 +41,7 @@ from .support.live import (
 from .support.redis_server import RedisServer
 from .support.upstream_standin import StandIn
 
-pytestmark = [pytest.mark.live, pytest.mark.deploy]
+pytestmark = [pytest.mark.live, pytest.mark.deploy, needs_postgres]
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
 LONG_TEXT = " ".join(f"Sentence {i} of a long answer, spoken while the test does its part." for i in range(40)) + " "

@@ -302,7 +302,7 @@ async def test_a_token_from_a_works_once_on_b(servers, new_key):
 
 async def test_rest_on_a_and_sessions_on_b_share_the_voices(servers, new_key):
     a, b = servers
-    secret = new_key()
+    secret = new_key("uploader", "--scopes", "speak,voices")
     body, ctype = samples.multipart(
         {"name": "SharedVoice", "consent": "Consent on file."}, {"audio_sample": ("x.wav", samples.good("wav"), "audio/wav")}
     )
@@ -334,7 +334,7 @@ async def test_rest_on_a_and_sessions_on_b_share_the_voices(servers, new_key):
 
 async def test_an_oversized_upload_is_a_413_envelope_on_the_real_server(servers, new_key):
     a, _ = servers
-    secret = new_key()
+    secret = new_key("uploader", "--scopes", "speak,voices")
     body, ctype = samples.multipart(
         {"name": "huge", "consent": "yes"}, {"audio_sample": ("x.wav", b"\x00" * (12 * 1024 * 1024), "audio/wav")}
     )

@@ -27,6 +27,7 @@ from .support.live import (
     held,
     is_event,
     open_session,
+    run_session,
     send_json,
     serving,
     wait_for,
@@ -209,15 +210,21 @@ def test_not_ready_names_each_failing_part():
     assert liveness == 200  # alive all the same: /healthz is liveness only
 
 
-def test_redis_gone_makes_the_instance_unready_until_it_is_back(server, redis_server):
+def test_redis_gone_leaves_the_instance_ready_but_degraded_until_it_is_back(server, redis_server):
+    """Sessions are served without Redis: readiness stays 200 (an orchestrator keeps the instance) and
+    says `degraded`, naming Redis; liveness is untouched."""
     redis_server.kill()
     try:
         status, body = health(server)
-        assert status == 503 and body["failing"] == ["redis"]
+        assert status == 200 and body["status"] == "degraded" and body["failing"] == ["redis"]
+        assert "ConnectionError" in body["checks"]["redis"]
         assert body["checks"]["database"] == body["checks"]["engine"] == "ok"
+        assert http("GET", server.http_url + "/healthz")[0] == 200
+        result = asyncio.run(run_session(server.ws_url, CONFIG, ["Still speaking without Redis."]))
+        assert result.close_code == 1000 and result.audio_frames
     finally:
         redis_server.start()
-    assert health(server)[0] == 200
+    assert health(server) == (200, {"status": "ok", "checks": {"database": "ok", "engine": "ok", "redis": "ok"}})
 
 
 # -- logs -------------------------------------------------------------------------------------------

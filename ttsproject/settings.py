@@ -19,9 +19,32 @@ speech_settings = from_environment(env)
 globals().update(speech_settings)
 SPEECH_REDIS_PREFIX = speech_settings["SPEECH_REDIS_PREFIX"]  # named here too: the channel layer's prefix below
 
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="django-insecure-development-key-change-me-in-production")
+
+def secret(name, default=""):
+    """A secret from `NAME`, or from the file `NAME_FILE` names (Docker and Kubernetes secrets), or the default."""
+    path = env.str(f"{name}_FILE", default="")
+    if path:
+        return Path(path).read_text().strip()
+    return env.str(name, default=default)
+
+
+# `manage.py serve` refuses to listen off loopback with this key (speech/security.py).
+DEVELOPMENT_SECRET_KEY = "django-insecure-development-key-change-me-in-production"
+SECRET_KEY = secret("DJANGO_SECRET_KEY", DEVELOPMENT_SECRET_KEY)
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+# TLS, from the environment (docs/deployment.md, "HTTPS"). Behind a proxy that ends TLS, Django learns
+# the request was https from X-Forwarded-Proto, which the proxy must set itself (docker/nginx keeps it
+# only from a trusted front): without that, the admin's CSRF Origin check fails behind TLS.
+if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
 
 INSTALLED_APPS = [
     "daphne",
@@ -66,6 +89,9 @@ TEMPLATES = [
 ASGI_APPLICATION = "ttsproject.asgi.application"
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+# The password apart from the URL (no escaping of special characters), or from a secret's file.
+if database_password := secret("DATABASE_PASSWORD"):
+    DATABASES["default"]["PASSWORD"] = database_password
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # SQLite's default rollback journal creates, syncs and deletes a file at every commit: 0.75 ms of
     # CPU each, beside the serving loop (the session registry commits twice a session). A write-ahead

@@ -16,9 +16,8 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import metrics
 from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -28,8 +27,10 @@ from .errors import (
     SpeechError,
     fatal,
 )
-from .events import InputCancelled, InputCommitted, SessionConfigured, SessionDone
-from .messages import InputText
+from .cancel import Canceller, Origin
+from .contexts import Context, Contexts
+from .events import InputCommitted, SessionConfigured, SessionDone
+from .messages import InputCancel, InputDone, InputText, InputCommit
 from .pipeline import Pipeline
 from .protocol import (
     parse_in_thread,
@@ -38,7 +39,6 @@ from .protocol import (
     size_error,
     utf8_length_exceeds,
 )
-from .segmenter import Segmenter
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Origin = Literal["client", "server"]  # who asked for a cancel: input.cancel, or the control plane
 CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
 
 
@@ -102,8 +101,9 @@ class SpeechSession:
         self.state = State.AWAITING_CONFIG
         # Set by session.config; the handlers that use them run only after it (State.ACTIVE / DRAINING).
         self.config: SessionConfig = None  # type: ignore[assignment]
-        self.segmenter: Segmenter = None  # type: ignore[assignment]
+        self.contexts: Contexts = None  # type: ignore[assignment]
         self.pipeline: Pipeline = None  # type: ignore[assignment]  # None until then, and _end() checks
+        self.canceller: Canceller = None  # type: ignore[assignment]
         self.closed = asyncio.Event()  # set once the session has ended, by either side
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # fatal-error and finishing tasks, awaited on close
@@ -181,9 +181,9 @@ class SpeechSession:
                 await self.terminate(reason if isinstance(reason, str) and reason else TERMINATED_MESSAGE)
             elif kind == "speech.cancel":
                 if self._issued_before_utterance(message.get("issued_at")):
-                    await self._send_cancelled(0, "server")
+                    await self.canceller.answer_stale()
                 else:
-                    await self._on_cancel({}, origin="server")
+                    await self._on_cancel({"type": "input.cancel"}, origin="server")
                 self._arm_idle()
 
     def _issued_before_utterance(self, issued_at: Any) -> bool:
@@ -202,7 +202,7 @@ class SpeechSession:
         if payload.get("type") != "session.config":
             raise fatal("first WebSocket message must be session.config", "type")
         self.config = await resolve_config(payload, self.engine.capabilities, self.find_voice)
-        self.segmenter = Segmenter(self.config.split_granularity)
+        self.contexts = Contexts(self.config.split_granularity, self.limits.max_contexts)
         self.pipeline = Pipeline(
             engine=self.engine,
             config=self.config,
@@ -211,7 +211,9 @@ class SpeechSession:
             max_segment_chars=self.limits.max_segment_chars,
             on_idle=self._on_pipeline_idle,
             on_crash=self._on_pipeline_crash,
+            contexts=self.contexts,
         )
+        self.canceller = Canceller(self.session_id, self.transport, self.contexts, self.pipeline, self._total)
         self.state = State.ACTIVE
         if self.on_configured is not None:
             await self.on_configured(self)
@@ -232,13 +234,25 @@ class SpeechSession:
 
     # -- message handlers ----------------------------------------------------------------------
     async def _on_text(self, payload: dict[str, Any]) -> None:
-        text = self._join_surrogates(InputText.read(payload, close_code=None).text)
+        message = InputText.read(payload, close_code=None)
+        text = self._join_surrogates(message.text)
         limit = self.limits.max_pending_chars
-        if self.segmenter.pending_chars + self.pipeline.queued_chars + len(text) > limit:
+        if self._pending_chars() + self.pipeline.queued_chars + len(text) > limit:
             raise fatal(f"buffered speech text exceeds {limit} characters", "text")
-        if text and not self.pipeline.busy and self.segmenter.pending_chars == 0:
+        context = self._open_context(message.context_id)
+        if text and not self.pipeline.busy and self._pending_chars() == 0:
             self._utterance_started = time.time()  # the first text after silence begins new speech
-        self._enqueue(self.segmenter.feed(text))
+        self._enqueue(context, context.segmenter.feed(text))
+
+    def _pending_chars(self) -> int:
+        return sum(context.segmenter.pending_chars for context in self.contexts)
+
+    def _open_context(self, context_id: str | None) -> Context:
+        """The context text goes to: made by its first text; refused once it is closed or finishing."""
+        context = self.contexts.for_text(context_id)
+        if context.finishing:
+            raise SpeechError(f"context '{context_id}' is closed", param="context_id")
+        return context
 
     def _join_surrogates(self, text: str) -> str:
         """JSON may carry UTF-16 halves (\\ud83d) and a client may split a pair across frames:
@@ -252,46 +266,50 @@ class SpeechSession:
         return text
 
     async def _on_commit(self, payload: dict[str, Any]) -> None:
-        segments = self.segmenter.flush()
-        self._enqueue(segments)
+        message = InputCommit.read(payload, close_code=None)
+        context = self._open_context(message.context_id)
+        segments = context.segmenter.flush()
+        self._enqueue(context, segments)
         await self.transport.send_json(
             InputCommitted(
                 session_id=self.session_id,
+                context_id=context.id,
                 segment_index=self._commits,
                 segment_sentences=len(segments),
-                total_sentences=self.pipeline.total_sentences,
+                total_sentences=self._total(context),
             ).dump()
         )
         self._commits += 1
 
-    async def _on_cancel(self, payload: dict[str, Any], origin: Origin = "client") -> None:
-        self.segmenter.clear()
-        await self._send_cancelled(await self.pipeline.cancel(), origin)
-        self._on_pipeline_idle()
+    def _total(self, context: Context | None) -> int:
+        """total_sentences of an event: a named context's own, else the session's."""
+        return context.sentences if context is not None and context.named else self.pipeline.total_sentences
 
-    async def _send_cancelled(self, cancelled: int, origin: Origin) -> None:
-        metrics.CANCELS.labels(origin).inc()
-        await self.transport.send_json(
-            InputCancelled(
-                session_id=self.session_id,
-                cancelled_sentences=cancelled,
-                total_sentences=self.pipeline.total_sentences,
-                origin=origin,
-            ).dump()
-        )
+    async def _on_cancel(self, payload: dict[str, Any], origin: Origin = "client") -> None:
+        message = InputCancel.read(payload, close_code=None)
+        await self.canceller.cancel(message.context_id, message.played_ms, origin)
+        self._on_pipeline_idle()
 
     async def _on_keepalive(self, payload: dict[str, Any]) -> None:
         """Only resets the idle timer, which every frame does."""
 
     async def _on_done(self, payload: dict[str, Any]) -> None:
-        self._enqueue(self.segmenter.flush())
+        message = InputDone.read(payload, close_code=None)
+        if message.context_id is not None:
+            context = self._open_context(message.context_id)
+            self._enqueue(context, context.segmenter.flush())
+            await self.pipeline.finish(context)
+            return
+        for context in list(self.contexts):
+            self._enqueue(context, context.segmenter.flush())
+            await self.pipeline.finish(context)
         self.state = State.DRAINING
         if not self.pipeline.busy:
             self._on_pipeline_idle()
 
-    def _enqueue(self, segments: list[str]) -> None:
+    def _enqueue(self, context: Context, segments: list[str]) -> None:
         for segment in segments:
-            self.pipeline.enqueue(segment)
+            self.pipeline.enqueue(segment, context)
 
     # -- endings -------------------------------------------------------------------------------
     async def _end(self, outcome: str, error: SpeechError | None = None, close_code: int | None = None) -> None:

@@ -16,6 +16,7 @@ from ..control import registry
 from ..control.registry_writer import registry_writer
 from ..control import signals as control
 from ..control.slots import Lease, get_slots
+from ..models import Scope
 from ..stream.errors import (
     CLOSE_CAPACITY,
     CLOSE_POLICY,
@@ -54,6 +55,8 @@ class Admission:
             key = self.api_key = await _websocket_key(scope)
             if key is None:
                 return SpeechError(auth.AUTH_FAILED, error_type="authentication_error", code=401, close_code=CLOSE_POLICY)
+            if missing := auth.missing_scope(key, Scope.SPEAK):  # as the 401 above: the event, then 4008
+                return SpeechError(missing, error_type=auth.PERMISSION_ERROR, code=403, close_code=CLOSE_POLICY)
             if not await self._take_slot(key, session):
                 return SpeechError(
                     f"Too many concurrent sessions for this API key (limit {self._limit(key)})",

@@ -2,7 +2,8 @@
 browser tokens, session control.
 
 Errors use the envelope `{"error": {"message", "type", "param", "code"}}` (docs/protocol.md, REST
-endpoints). With SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>`.
+endpoints). With SPEECH_REQUIRE_API_KEY every endpoint wants `Authorization: Bearer <key>` of a key
+with the endpoint's scope (docs/security.md), and a key's requests are rate limited (speech/web/ratelimit.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import auth
+from . import auth, ratelimit
 from ..control import signals as control, registry
 from ..stream import events, messages, oneshot, protocol
 from .. import voices
@@ -27,8 +28,8 @@ from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..audio.streaming import StreamedAudio
 from ..conf import conf
 from ..engines import EngineBusy, get_engine
-from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
-from ..models import Voice
+from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
+from ..models import Scope, Voice
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,23 @@ def too_large():
     return JsonResponse(TOO_LARGE, status=413)
 
 
-def api_view(*methods, key_required=None):
-    """CSRF-exempt JSON view for `methods`; checks the API key when keys are required."""
+def refused(key, required, scopes=()):
+    """The response refusing a request, or None: 401 without a key when one is required, 403 when the
+    key holds none of `scopes`, 429 with Retry-After when the key is over its request rate."""
+    if required and key is None:
+        return error(401, auth.AUTH_FAILED, type="authentication_error")
+    if required and scopes and (missing := auth.missing_scope(key, *scopes)):
+        return error(403, missing, type=auth.PERMISSION_ERROR)
+    limit = conf.KEY_REQUESTS_PER_MINUTE if key is None or key.requests_per_minute is None else key.requests_per_minute
+    if key is not None and (wait := ratelimit.buckets.take(key.prefix, limit)):
+        response = error(429, f"too many requests for this API key (limit {limit} a minute)", type=RATE_LIMIT)
+        response["Retry-After"] = str(wait)
+        return response
+    return None
+
+
+def api_view(*methods, key_required=None, scopes=()):
+    """CSRF-exempt JSON view for `methods`; checks the API key, its scopes and its rate when keys are required."""
 
     def wrap(view):
         @csrf_exempt
@@ -59,9 +75,7 @@ def api_view(*methods, key_required=None):
                 return response
             required = conf.REQUIRE_API_KEY if key_required is None else key_required
             request.api_key = auth.key_for(auth.bearer(request.META))
-            if required and request.api_key is None:
-                return error(401, auth.AUTH_FAILED, type="authentication_error")
-            return view(request, *args, **kwargs)
+            return refused(request.api_key, required, scopes) or view(request, *args, **kwargs)
 
         return checked
 
@@ -113,6 +127,8 @@ def voice_list(request):
 
 
 def _upload(request):
+    if conf.REQUIRE_API_KEY and (missing := auth.missing_scope(request.api_key, Scope.VOICES)):
+        return error(403, missing, type=auth.PERMISSION_ERROR)
     length = request.META.get("CONTENT_LENGTH") or ""
     if length.isdigit() and int(length) > voices.MAX_UPLOAD_BYTES + MULTIPART_SLACK:
         return too_large()  # refused before a byte of the body is read
@@ -135,22 +151,26 @@ def _upload(request):
             transcript=post.get("ref_text", ""),
             language=post.get("language", ""),
             created_by=request.api_key.prefix if request.api_key else "rest",
+            owner=request.api_key,
         )
     except voices.VoiceError as exc:
         return error(400, str(exc), param=exc.param)
     return JsonResponse(_describe(voice), status=201)
 
 
-@api_view("DELETE")
+@api_view("DELETE", scopes=(Scope.VOICES, Scope.ADMIN))
 def voice_detail(request, name):
     voice = Voice.objects.filter(name__iexact=name).first()
     if voice is None:
         return error(404, f"voice '{name}' not found", type="not_found_error", param="name")
+    key = request.api_key
+    if conf.REQUIRE_API_KEY and not key.allows(Scope.ADMIN) and voice.owner_id != key.pk:
+        return error(403, f"voice '{voice.name}' was not uploaded under this API key", type=auth.PERMISSION_ERROR, param="name")
     voices.delete_voice(voice)
     return JsonResponse({"id": voice.name, "object": "voice", "deleted": True})
 
 
-@api_view("POST", key_required=True)
+@api_view("POST", key_required=True, scopes=(Scope.SPEAK,))
 def speech_tokens(request):
     token, expires_in = auth.issue_token(request.api_key)
     return JsonResponse({"token": token, "expires_in": expires_in}, status=201)
@@ -167,7 +187,9 @@ def _not_live(session_id):
 def _signal(request, session_id, kind):
     if not control.SESSION_ID.fullmatch(session_id):  # never a session: no need to ask anyone
         return _not_live(session_id)
-    record = registry.live_session(session_id, request.api_key if conf.REQUIRE_API_KEY else None)
+    # With keys, a key sees only its own sessions; one with the `admin` scope sees every session.
+    key = request.api_key
+    record = registry.live_session(session_id, key if conf.REQUIRE_API_KEY and not key.allows(Scope.ADMIN) else None)
     try:
         if record is not None:
             if not control.instance_alive_sync(record.instance):
@@ -186,12 +208,12 @@ def _signal(request, session_id, kind):
     return JsonResponse({"session_id": session_id, "signal": kind, "status": "accepted"}, status=202)
 
 
-@api_view("POST")
+@api_view("POST", scopes=(Scope.SPEAK, Scope.ADMIN))
 def session_cancel(request, session_id):
     return _signal(request, session_id, control.CANCEL)
 
 
-@api_view("DELETE")
+@api_view("DELETE", scopes=(Scope.SPEAK, Scope.ADMIN))
 def session_terminate(request, session_id):
     return _signal(request, session_id, control.TERMINATE)
 
@@ -217,8 +239,8 @@ async def speech(request):
         return response
     secret = auth.bearer(request.META)
     key = await sync_to_async(auth.key_for)(secret) if secret else None  # no thread hop without a key
-    if conf.REQUIRE_API_KEY and key is None:
-        return error(401, auth.AUTH_FAILED, type="authentication_error")
+    if denied := refused(key, conf.REQUIRE_API_KEY, (Scope.SPEAK,)):
+        return denied
     try:
         body = protocol.parse_message(request.body.decode("utf-8", "replace"))
         engine = get_engine()

@@ -5,6 +5,9 @@ database keeps only a SHA-256 of the whole key (keys are 256-bit random, so a fa
 enough), compared in constant time. Browsers cannot set headers on a WebSocket, so a key
 holder asks `POST /v1/audio/speech/tokens` for a short-lived, single-use token for `?token=`.
 Neither keys nor tokens are ever logged.
+
+With keys required, a key acts only within its scopes (speech.models.Scope, docs/security.md): a
+missing one is refused with 403, `permission_error`, on REST and on the WebSocket alike.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from ..models import AccessToken, ApiKey
 
 TOKEN_TTL = timedelta(seconds=60)
 AUTH_FAILED = "Invalid or missing API key"
+PERMISSION_ERROR = "permission_error"
+
+
+def missing_scope(key, *scopes):
+    """The refusal's message when `key` holds none of `scopes`, else None."""
+    if any(key.allows(scope) for scope in scopes):
+        return None
+    return f"this API key lacks the '{' or '.join(scopes)}' scope"
 
 
 def bearer(headers):

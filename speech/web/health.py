@@ -2,7 +2,12 @@
 
 Each part is checked for real, within CHECK_TIMEOUT_S: the database answers a query, Redis (when
 REDIS_URL is set) answers PING, and the engine is built and says it is ready (an upstream engine
-asks its upstream). The answer names every part, so a 503 says which one failed.
+asks its upstream). The answer names every part, so a failure says which one.
+
+Sessions need the database and the engine: without either the instance is `unavailable` (503).
+Without Redis it still serves sessions (cross-instance signals and shared per-key counts wait for
+it, speech/control/layer.py), so it is `degraded` and stays ready (200): an orchestrator must not
+take every instance out at a Redis blip (docs/deployment.md, Health).
 """
 
 from __future__ import annotations
@@ -49,11 +54,18 @@ async def _check(probe):
     return "ok"
 
 
+REQUIRED = ("database", "engine")  # the parts a session cannot do without
+OK, DEGRADED, UNAVAILABLE = "ok", "degraded", "unavailable"
+
+
 async def readiness():
-    """(ready, {part: "ok" or the failure}) for the database, Redis when configured, the engine."""
+    """(status, {part: "ok" or the failure}) for the database, Redis when configured, the engine:
+    `unavailable` when a REQUIRED part fails, `degraded` when only Redis does, else `ok`."""
     probes = {"database": sync_to_async(_database), "engine": _engine}
     if settings.REDIS_URL:
         probes["redis"] = _redis
     results = await asyncio.gather(*(_check(probe) for probe in probes.values()))
     checks = dict(zip(probes, results))
-    return all(result == "ok" for result in results), checks
+    if any(checks[part] != "ok" for part in REQUIRED):
+        return UNAVAILABLE, checks
+    return (OK if all(result == "ok" for result in results) else DEGRADED), checks

@@ -59,9 +59,11 @@ def _errors(*statuses):
         for status, description in (
             (400, "invalid request"),
             (401, "missing or unknown API key"),
+            (403, "the API key lacks the scope (docs/security.md)"),
             (404, "not found"),
             (405, "method not allowed"),
             (413, "upload too large"),
+            (429, "the API key is over its request rate (Retry-After)"),
             (503, "overloaded or unavailable"),
         )
         if status in statuses
@@ -116,45 +118,48 @@ def openapi_document():
             "post": {
                 "summary": "One-shot speech (OpenAI-compatible): the session.config fields plus input, stream, stream_format",
                 "requestBody": {"required": True, "content": _json("SpeechRequest")},
-                "responses": {**_ok(200, "the audio, whole or streamed (raw formats)", AUDIO), **_errors(400, 401, 405, 503)},
+                "responses": {
+                    **_ok(200, "the audio, whole or streamed (raw formats)", AUDIO),
+                    **_errors(400, 401, 403, 405, 429, 503),
+                },
             }
         },
         "/v1/audio/voices": {
             "get": {
                 "summary": "The engine's voices and the uploaded ones",
-                "responses": {**_ok(200, "voice list", JSON_OBJECT), **_errors(401)},
+                "responses": {**_ok(200, "voice list", JSON_OBJECT), **_errors(401, 429)},
             },
             "post": {
                 "summary": "Upload a reference voice",
                 "requestBody": {"required": True, "content": VOICE_UPLOAD},
-                "responses": {**_ok(201, "the voice", JSON_OBJECT), **_errors(400, 401, 413)},
+                "responses": {**_ok(201, "the voice", JSON_OBJECT), **_errors(400, 401, 403, 413, 429)},
             },
         },
         "/v1/audio/voices/{name}": {
             "delete": {
                 "summary": "Delete an uploaded voice",
                 "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {**_ok(200, "deleted", JSON_OBJECT), **_errors(401, 404)},
+                "responses": {**_ok(200, "deleted", JSON_OBJECT), **_errors(401, 403, 404, 429)},
             }
         },
         "/v1/audio/speech/tokens": {
             "post": {
                 "summary": "A short-lived browser token for the WebSocket (API key required)",
-                "responses": {**_ok(201, "token and expires_in", JSON_OBJECT), **_errors(401)},
+                "responses": {**_ok(201, "token and expires_in", JSON_OBJECT), **_errors(401, 403, 429)},
             }
         },
         "/v1/audio/speech/sessions/{session_id}/cancel": {
             "post": {
                 "summary": "Barge in on a live session (as input.cancel, origin server)",
                 "parameters": [SESSION_ID],
-                "responses": {**_ok(202, "signal accepted", JSON_OBJECT), **_errors(401, 404, 503)},
+                "responses": {**_ok(202, "signal accepted", JSON_OBJECT), **_errors(401, 403, 404, 429, 503)},
             }
         },
         "/v1/audio/speech/sessions/{session_id}": {
             "delete": {
                 "summary": "Terminate a live session (error event, close 4001)",
                 "parameters": [SESSION_ID],
-                "responses": {**_ok(202, "signal accepted", JSON_OBJECT), **_errors(401, 404, 503)},
+                "responses": {**_ok(202, "signal accepted", JSON_OBJECT), **_errors(401, 403, 404, 429, 503)},
             }
         },
         "/healthz": {
@@ -168,7 +173,10 @@ def openapi_document():
             "get": {
                 "summary": "Readiness of the database, Redis and the engine",
                 "security": [],
-                "responses": {**_ok(200, "ready", JSON_OBJECT), **_ok(503, "a part is not ready", JSON_OBJECT)},
+                "responses": {
+                    **_ok(200, "ready: status ok, or degraded with Redis away", JSON_OBJECT),
+                    **_ok(503, "unavailable: the database or the engine is not ready", JSON_OBJECT),
+                },
             }
         },
         "/v1/openapi.json": {

@@ -8,20 +8,21 @@ from ..engines import get_engine
 
 
 def healthz(request):
-    """Liveness and what this instance serves: for load balancers and humans."""
+    """Liveness and what this instance serves: the process answers. It asks nothing outside the process
+    (no database, Redis or upstream), so a dependency's outage never makes an orchestrator restart it."""
     caps = get_engine().capabilities
     return JsonResponse({"status": "ok", "engine": caps.name, "voices": list(caps.voices), "sample_rate": caps.sample_rate})
 
 
 async def health(request):
-    """Readiness: 200 when the database, Redis (if configured) and the engine are ready, else 503
-    with every part's state, so the failing one is named."""
-    ready, checks = await readiness_checks.readiness()
+    """Readiness (speech/web/health.py): 200 while sessions can be served (`ok`, or `degraded` with
+    Redis away), 503 `unavailable` without the database or the engine; every part's state in the body."""
+    status, checks = await readiness_checks.readiness()
     failing = [part for part, state in checks.items() if state != "ok"]
-    body = {"status": "ok" if ready else "unavailable", "checks": checks}
+    body = {"status": status, "checks": checks}
     if failing:
         body["failing"] = failing
-    return JsonResponse(body, status=200 if ready else 503)
+    return JsonResponse(body, status=503 if status == readiness_checks.UNAVAILABLE else 200)
 
 
 async def metrics(request):

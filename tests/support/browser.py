@@ -25,14 +25,15 @@ FLAGS = (
 
 
 @contextlib.contextmanager
-def chromium(profile_dir, *, window=(1280, 1000)):
-    """A Chrome WebDriver on a fresh profile; the browser console is readable with get_log("browser")."""
+def chromium(profile_dir, *, window=(1280, 1000), flags=()):
+    """A Chrome WebDriver on a fresh profile; the browser console is readable with get_log("browser").
+    `flags`: more command-line switches (e.g. --host-resolver-rules to reach this machine by a host name)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={profile_dir}", f"--window-size={window[0]},{window[1]}"):
+    for flag in (*FLAGS, *flags, f"--user-data-dir={profile_dir}", f"--window-size={window[0]},{window[1]}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)

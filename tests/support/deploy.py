@@ -27,15 +27,33 @@ import uuid
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from .live import PROJECT_ROOT, free_port, port_accepts, wait_for
 
 DOCKER = PROJECT_ROOT / "docker"
 NGINX_TEMPLATE = DOCKER / "nginx" / "speech.conf.template"
+TLS_TEMPLATE = DOCKER / "nginx" / "tls.conf.template"
 NGINX_START_S = 20.0  # hang guard
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"  # Debian's package; /usr/sbin may be off a user's PATH
 POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres", "dbname": "postgres"}
+
+
+def _postgres_unusable():
+    """Why the machine's PostgreSQL cannot serve the tests ("" when it can): they are then skipped, saying so."""
+    try:
+        psycopg.connect(**POSTGRES, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (
+            f"no PostgreSQL for user postgres without a password on 127.0.0.1:5432 ({first}); make test starts one (.ci/services)"
+        )
+    return ""
+
+
+_POSTGRES_UNUSABLE = _postgres_unusable()
+needs_postgres = pytest.mark.skipif(bool(_POSTGRES_UNUSABLE), reason=_POSTGRES_UNUSABLE)
 
 
 def render_template(path, variables):
@@ -47,11 +65,16 @@ def render_template(path, variables):
 
 
 class Nginx:
-    """Debian's nginx with the shipped template, in the foreground of a subprocess, on a free port."""
+    """Debian's nginx with the shipped template, in the foreground of a subprocess, on a free port.
+    `trusted_front`: the address whose X-Forwarded-Proto it keeps (SPEECH_TRUSTED_FRONT)."""
 
-    def __init__(self, backends):
+    template = NGINX_TEMPLATE
+    scheme = "http"
+
+    def __init__(self, backends, trusted_front="127.0.0.1/32"):
         assert len(backends) == 2, "the template names two backends"
         self.backends = backends
+        self.trusted_front = trusted_front
         self.dir = Path(tempfile.mkdtemp(prefix="nginx-test-"))
         self.dir.chmod(0o755)  # workers (nobody, when started as root) write temporary files here
         self.port = None
@@ -59,27 +82,28 @@ class Nginx:
 
     @property
     def http_url(self):
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def ws_url(self):
-        return f"ws://127.0.0.1:{self.port}/v1/audio/speech/stream"
+        return f"{self.scheme.replace('http', 'ws')}://127.0.0.1:{self.port}/v1/audio/speech/stream"
 
     @property
     def access_log(self):
         return self.dir / "access.log"
 
+    def variables(self):
+        return {
+            "SPEECH_LISTEN": f"127.0.0.1:{self.port}",
+            "SPEECH_BACKEND_A": self.backends[0],
+            "SPEECH_BACKEND_B": self.backends[1],
+            "SPEECH_ACCESS_LOG": str(self.access_log),
+            "SPEECH_TRUSTED_FRONT": self.trusted_front,
+        }
+
     def configure(self):
-        self.port = free_port()
-        site = render_template(
-            NGINX_TEMPLATE,
-            {
-                "SPEECH_LISTEN": f"127.0.0.1:{self.port}",
-                "SPEECH_BACKEND_A": self.backends[0],
-                "SPEECH_BACKEND_B": self.backends[1],
-                "SPEECH_ACCESS_LOG": str(self.access_log),
-            },
-        )
+        self.port = self.port or free_port()
+        site = render_template(self.template, self.variables())
         (self.dir / "speech.conf").write_text(site)
         for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.dir / name).mkdir(mode=0o777, exist_ok=True)
@@ -158,6 +182,62 @@ http {{
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
         return False
+
+
+class TlsFront(Nginx):
+    """docker/nginx/tls.conf.template: HTTPS with a certificate and key (PEM files) in front of `backend`."""
+
+    template = TLS_TEMPLATE
+    scheme = "https"
+
+    def __init__(self, backend, cert, key, port=None):
+        super().__init__([backend, backend])
+        self.backend, self.cert, self.key, self.port = backend, cert, key, port
+
+    def variables(self):
+        return {
+            "SPEECH_TLS_LISTEN": f"127.0.0.1:{self.port}",
+            "SPEECH_TLS_CERT": str(self.cert),
+            "SPEECH_TLS_KEY": str(self.key),
+            "SPEECH_TLS_BACKEND": self.backend,
+            "SPEECH_ACCESS_LOG": str(self.access_log),
+        }
+
+
+def self_signed(folder, names):
+    """A self-signed certificate for `names` (DNS names; 127.0.0.1 as an IP too), made with `cryptography`:
+    (certificate path, key path), PEM."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])])
+    now = datetime.datetime.now(datetime.UTC)
+    alt = [x509.DNSName(name) for name in names] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    folder = Path(folder)
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
 
 
 class PostgresDatabase:

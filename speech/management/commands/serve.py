@@ -11,8 +11,9 @@ import logging
 import os
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from speech import security
 from speech.conf import conf
 
 FRAME_SLACK_BYTES = 1 << 20
@@ -47,11 +48,18 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
 
     def handle(self, *args, host, port, **options):
+        if refusal := security.refusal(host):
+            raise CommandError(refusal)
+        if conf.INSECURE and not security.is_loopback(host) and security.problems():
+            logger.warning("SPEECH_INSECURE=true: listening on %s with %s", host, "; ".join(security.problems()))
         from daphne.server import twisted_loop  # the loop daphne made when Django loaded its app
 
+        from speech.web import eventloop
         from speech.web.server import SpeechCommandLine
 
-        # uvloop's, chosen by manage.py before Django started (speech/web/eventloop.py).
+        # uvloop's where it is installed, chosen by manage.py before Django started (speech/web/eventloop.py).
         loop = type(twisted_loop).__module__.partition(".")[0]
+        if loop != "uvloop":
+            logger.warning("event loop: asyncio's own (%s)", eventloop.MISSING)
         logger.info("serving on ws://%s:%s/v1/audio/speech/stream (engine %s, event loop %s)", host, port, conf.ENGINE, loop)
         SpeechCommandLine().run(daphne_args(host, port))

@@ -3,8 +3,8 @@
 // people curious in the console and for the browser tests.
 
 import { Player } from "./player.js";
-import { describeResponse } from "./messages.js";
-import { Utterance, wsUrl } from "./utterance.js";
+import { NOTHING_TO_SPEAK, describeFailure, describeResponse, insecureContext } from "./messages.js";
+import { Utterance, speakable, wsUrl } from "./utterance.js";
 
 const settings = JSON.parse(document.getElementById("playground-settings").textContent);
 const $ = (id) => document.getElementById(id);
@@ -14,6 +14,7 @@ let apiKey = null; // typed by the user when keys are required: in memory only, 
 let utterance = null;
 let lastStop = null;
 const player = new Player(onStats);
+const canPlay = Player.supported; // false outside a secure context: Speak stays off, the page says why
 
 function status(text) { $("status").textContent = text; }
 
@@ -65,11 +66,21 @@ const view = {
   hasError: () => !$("error").hidden,
   ended(finished) {
     if (finished !== utterance) return;
-    $("stop").disabled = player.buffered === 0;
     $("speak").disabled = false;
+    setStop(player.buffered > 0);
     if (!finished.stoppedByUser) status(`Session ended. ${finished.segments.size} segment(s).`);
   },
 };
+
+// Stop on or off. Keyboard and screen-reader users stay on the controls: Speak moves the focus to
+// Stop (speak()), and when Stop turns off with the focus on it, the focus goes back to Speak
+// instead of falling to the page (a disabled button drops it).
+function setStop(enabled) {
+  const stopButton = $("stop");
+  const hadFocus = document.activeElement === stopButton;
+  stopButton.disabled = !enabled;
+  if (!enabled && hadFocus) $("speak").focus();
+}
 
 function onStats(message) {
   $("download").disabled = player.played === 0;
@@ -77,7 +88,7 @@ function onStats(message) {
     status(`Stopped: silent ${Math.round(performance.now() - lastStop)} ms after Stop.`);
     lastStop = null;
   }
-  if (player.buffered === 0 && (!utterance || utterance.closed)) $("stop").disabled = true;
+  if (player.buffered === 0 && (!utterance || utterance.closed)) setStop(false);
 }
 
 // -- credentials ---------------------------------------------------------------------------------
@@ -132,6 +143,7 @@ function fillVoices(voices) {
     option.selected = v.name === settings.defaultVoice;
     return option;
   }));
+  if (!canPlay) return;
   $("speak").disabled = false;
   status("Ready.");
 }
@@ -160,31 +172,51 @@ function config() {
   return session;
 }
 
+// Speak: every failure before the session starts is shown in words and leaves the page ready again.
 async function speak() {
-  const session = config();
-  const expectedRate = session.sample_rate || (session.response_format === "pcm" ? settings.nativeRate : 8000);
-  if (utterance) utterance.stop();
   clearError();
+  const text = $("text").value;
+  if (!speakable(text)) {
+    showError(NOTHING_TO_SPEAK);
+    $("text").focus();
+    return;
+  }
+  if (utterance) utterance.stop();
   $("segments").tBodies[0].replaceChildren();
-  // In the click itself: browsers let a page start audio only in answer to a gesture.
-  const ready = player.prepare(expectedRate);
   $("speak").disabled = true;
   $("download").disabled = true;
   status("Connecting…");
-  let credential;
   try {
-    credential = await token();
-    await ready;
+    await startUtterance(text);
   } catch (error) {
-    showError(error.message);
+    showError(error instanceof SpeakError ? error.message : describeFailure(error));
     $("speak").disabled = false;
+    $("speak").focus();
     status("Ready.");
     return;
   }
-  const pace = $("mode").value === "words" ? Math.max(10, Number($("pace").value) || 120) : 0;
-  utterance = new Utterance({ url: wsUrl(credential), config: session, text: $("text").value, pace, player, view });
-  $("stop").disabled = false;
+  setStop(true);
+  $("stop").focus();
   status("Speaking…");
+}
+
+class SpeakError extends Error {} // a failure already in words (credentials)
+
+async function startUtterance(text) {
+  const session = config();
+  const expectedRate = session.sample_rate || (session.response_format === "pcm" ? settings.nativeRate : 8000);
+  // In the click itself: browsers let a page start audio only in answer to a gesture.
+  const ready = player.prepare(expectedRate);
+  ready.catch(() => {}); // awaited below, after the credential: reported there, once
+  let credential;
+  try {
+    credential = await token();
+  } catch (error) {
+    throw new SpeakError(error.message);
+  }
+  await ready;
+  const pace = $("mode").value === "words" ? Math.max(10, Number($("pace").value) || 120) : 0;
+  utterance = new Utterance({ url: wsUrl(credential), config: session, text, pace, player, view });
 }
 
 function stop() {
@@ -208,7 +240,7 @@ window.playground = {
   get rate() { return player.rate; },
   get utterance() {
     const u = utterance;
-    return u && { closed: u.closed, bytesReceived: u.bytesReceived, bytesAnnounced: u.bytesAnnounced,
+    return u && { closed: u.closed, framesSent: u.framesSent, bytesReceived: u.bytesReceived, bytesAnnounced: u.bytesAnnounced,
                   wordsSent: u.wordsSent, wordsTotal: u.wordsTotal, wordsAtFirstAudio: u.wordsAtFirstAudio,
                   cancelledSentences: u.cancelledSentences,
                   segments: [...u.segments.values()].map((s) => ({ ...s })) };
@@ -221,6 +253,10 @@ $("stop").addEventListener("click", stop);
 $("download").addEventListener("click", download);
 $("key-form").addEventListener("submit", useKey);
 
+if (!canPlay) {
+  showError(insecureContext(location.host));
+  status("Cannot play on this page.");
+}
 if (settings.voices) fillVoices(settings.voices);
 else if (settings.requireKey && !settings.staff) { askForKey(); status("Waiting for an API key."); }
 else loadVoices(null);

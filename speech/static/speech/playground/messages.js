@@ -48,3 +48,20 @@ export async function describeResponse(response, what) {
   if (response.status === 403) return `The server does not allow this: ${message}.`;
   return `Could not ${what}: ${message}.`;
 }
+
+// Why this page cannot play, before anything is tried: browsers give the AudioWorklet it plays
+// through only to secure contexts (HTTPS, or localhost on this machine).
+export function insecureContext(host) {
+  return `This page cannot play audio here: browsers allow its audio player (an AudioWorklet) only on `
+    + `HTTPS pages or on localhost, and ${host} over plain HTTP is neither. Open it over HTTPS `
+    + `(docs/deployment.md), or reach it through a tunnel to localhost, e.g. `
+    + `ssh -L 8000:${host}:8000 that-machine, then http://localhost:8000/.`;
+}
+
+export const NOTHING_TO_SPEAK = "There is nothing to speak: type some words (the text has no letter or digit).";
+
+// Any exception during Speak, in words: that it failed, then the browser's own message.
+export function describeFailure(error) {
+  const detail = error && error.message ? error.message : String(error);
+  return `Speak failed in this page: ${detail}. Reload the page to try again.`;
+}

@@ -16,8 +16,15 @@ export class Player {
     this.buffered = 0;
   }
 
+  // Whether this browser can play here: the AudioWorklet exists only in secure contexts.
+  static get supported() {
+    return window.isSecureContext && typeof AudioWorkletNode === "function";
+  }
+
   // Called inside the click handler: creating and resuming the context there satisfies autoplay rules.
+  // Throws (or the promise rejects) when the browser cannot play: the page shows why (app.js).
   prepare(rate) {
+    if (!Player.supported) throw new Error("this browser gives this page no AudioWorklet (not a secure context)");
     if (!this.context || this.context.sampleRate !== rate) {
       if (this.context) this.context.close();
       const context = new AudioContext({ sampleRate: rate, latencyHint: "interactive" });

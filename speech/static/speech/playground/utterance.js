@@ -1,7 +1,7 @@
 // One Speak: a WebSocket session that sends text (at once, or word by word like a language
 // model), plays the audio it gets and measures each segment's time to first audio.
 
-import { CANNOT_CONNECT, describeClose, describeError } from "./messages.js";
+import { CANNOT_CONNECT, describeClose, describeError, describeFailure } from "./messages.js";
 
 export const WS_PATH = "/v1/audio/speech/stream";
 
@@ -13,10 +13,41 @@ export function wsUrl(token) {
 // Tokens as a language model emits them: each word with the whitespace after it.
 export const words = (text) => text.match(/\s*\S+\s*/g) || [];
 
+// Whether the text has anything to say: the server never speaks a segment without a letter or digit.
+export const speakable = (text) => /[\p{L}\p{N}]/u.test(text);
+
+const encoder = new TextEncoder();
+// The UTF-8 bytes `text` adds to an input.text frame (JSON escapes each character on its own).
+const cost = (text) => encoder.encode(JSON.stringify(text)).length - 2;
+
+// The text as input.text frames of at most `maxBytes` each (the session's `max_message_bytes`),
+// cut between words; a word too long for one frame is cut between characters.
+export function frames(text, maxBytes) {
+  const budget = maxBytes - encoder.encode(JSON.stringify({ type: "input.text", text: "" })).length;
+  if (cost(text) <= budget) return [text];
+  const out = [];
+  let current = "";
+  let used = 0;
+  const add = (piece, size) => {
+    if (used + size > budget && current) { out.push(current); current = ""; used = 0; }
+    current += piece;
+    used += size;
+  };
+  for (const word of words(text)) {
+    const size = cost(word);
+    if (size <= budget) add(word, size);
+    else for (const character of word) add(character, cost(character));
+  }
+  if (current) out.push(current);
+  return out;
+}
+
 export class Utterance {
   constructor({ url, config, text, pace, player, view }) {
     this.config = config;
-    this.tokens = pace ? words(text) : [text];
+    this.text = text;
+    this.tokens = pace ? words(text) : [text]; // whole: cut into frames once the limits are known
+    this.framesSent = 0;
     this.pace = pace;
     this.player = player;
     this.view = view; // {event(kind, data), segment(row), error(text), ended(utterance)}
@@ -34,16 +65,25 @@ export class Utterance {
     this.bytesReceived = 0;
     this.bytesAnnounced = 0;
     this.format = config.response_format;
-    this.chain = Promise.resolve(); // events are handled one after another, in order
+    this.chain = Promise.resolve(); // see handle()
     this.ws = new WebSocket(url);
     this.ws.binaryType = "arraybuffer";
     this.ws.onopen = () => { this.connected = true; this.send({ type: "session.config", session: config }); };
-    this.ws.onmessage = (message) => { this.chain = this.chain.then(() => this.receive(message.data)); };
+    this.ws.onmessage = (message) => { this.handle(() => this.receive(message.data)); };
     this.ws.onerror = () => { this.failedToConnect = !this.connected; };
-    this.ws.onclose = (event) => { this.chain = this.chain.then(() => this.onClose(event)); };
+    this.ws.onclose = (event) => { this.handle(() => this.onClose(event)); };
   }
 
   get wordsTotal() { return this.tokens.length; }
+
+  // Events are handled one after another, in order; an exception in the page is shown, never silent,
+  // and ends the session (the close still runs onClose).
+  handle(step) {
+    this.chain = this.chain.then(step).catch((error) => {
+      this.view.error(describeFailure(error));
+      if (this.ws.readyState === WebSocket.OPEN) this.ws.close();
+    });
+  }
 
   send(message) {
     if (this.ws.readyState !== WebSocket.OPEN) return;
@@ -57,6 +97,7 @@ export class Utterance {
     this.sent += text;
     this.sends.push({ end: this.sent.length, at: performance.now() });
     this.wordsSent += 1;
+    this.framesSent += 1;
   }
 
   async feed() {
@@ -79,9 +120,10 @@ export class Utterance {
       case "session.configured":
         this.opened = true;
         this.sessionId = event.session_id;
+        if (!this.pace) this.tokens = frames(this.text, event.limits.max_message_bytes);
         await this.player.ready; // the context was made in the click; its worklet may still be loading
         if (this.player.rate !== event.sample_rate) await this.player.prepare(event.sample_rate);
-        this.feed();
+        this.feed().catch((error) => this.view.error(describeFailure(error))); // runs beside the events
         break;
       case "audio.start":
         this.current = { index: event.sentence_index, text: event.sentence_text, completedAt: this.completion(event),
