@@ -26,6 +26,7 @@ from ..stream import events, messages, oneshot, protocol
 from .. import voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..audio.streaming import StreamedAudio
+from ..stream.frames import FIRST_FRAME_S, FRAME_S
 from ..conf import conf
 from ..engines import EngineBusy, get_engine
 from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
@@ -269,7 +270,7 @@ async def speech(request):
         except SpeechError as exc:
             return _synthesis_error(exc)
         fmt, rate = config.response_format, config.sample_rate
-        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else StreamedAudio(fmt, rate)
+        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else StreamedAudio(fmt, rate, FIRST_FRAME_S, FRAME_S)
         response = StreamingHttpResponse(_stream(audio, first, encoder), content_type=CONTENT_TYPES[fmt])
         response["X-Sample-Rate"], response["X-Channels"] = str(rate), "1"
         if fmt == "pcm":
@@ -303,15 +304,25 @@ def _synthesis_error(exc):
 async def _stream(audio, first, encoder):
     """Audio as it is made (raw bytes, or whole mp3/opus/aac frames of one stream); a failure past the
     first byte can only end the stream early."""
-    streamed = isinstance(encoder, StreamedAudio)
     try:
         if first is not None:
-            yield await encoder.encode(first) if streamed else encoder.encode(first)
+            async for data in _encoded(encoder, first):
+                yield data
         async for chunk in audio:
-            yield await encoder.encode(chunk) if streamed else encoder.encode(chunk)
-        if streamed:
-            yield await encoder.end_segment()
+            async for data in _encoded(encoder, chunk):
+                yield data
+        if isinstance(encoder, StreamedAudio) and (tail := await encoder.end_segment()):
+            yield tail[0]
     except (SpeechError, EncodingError) as exc:
         logger.warning("speech stream ended early: %s", exc)
     finally:
         await audio.aclose()
+
+
+async def _encoded(encoder, chunk):
+    """A chunk's bytes: raw at once, or the whole codec frames the session's encoder makes of it."""
+    if isinstance(encoder, StreamedAudio):
+        async for data, _ in encoder.frames(chunk):
+            yield data
+    else:
+        yield encoder.encode(chunk)
