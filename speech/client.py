@@ -184,6 +184,8 @@ class Session:
                 session[field] = value
         if self.args.clause:
             session["split_granularity"] = "clause"
+        if self.args.timestamps:
+            session["timestamps"] = "word"
         return {"type": "session.config", "session": session}
 
     async def send_text(self, text):
@@ -237,10 +239,15 @@ class Session:
                 "first": None,
                 "bytes": 0,
             }
+        elif kind == "audio.timestamps":
+            estimated = " (estimated)" if event.get("estimated") else ""
+            for word in event["words"]:
+                self.say(f"[{event['sentence_index']}] {word['start_ms']:6d} {word['end_ms']:6d} ms  {word['word']}{estimated}")
         elif kind == "audio.done":
             self.report(event)
         elif kind == "input.cancelled":
             self.say(f"cancelled: {event['cancelled_sentences']} segment(s) stopped or dropped")
+            self.say(f"heard: {event['spoken_text']!r}; not heard: {event['unspoken_text']!r}")
         elif kind == "error":
             details = ", ".join(str(v) for v in (event.get("error_type"), event.get("code")) if v is not None)
             self.error(f"{event.get('message')} ({details})")
@@ -353,6 +360,7 @@ def parser():
     p.add_argument("--rate", type=int, help="sample rate: 8000, 16000, 22050, 24000, 44100 or 48000")
     p.add_argument("--speed", type=float, help="0.25 to 4.0")
     p.add_argument("--clause", action="store_true", help="split at clauses (, ; :) as well as sentences")
+    p.add_argument("--timestamps", action="store_true", help="print each word's start and end (ms) on stderr")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the connection (default 10)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr, errors only")
     return p

@@ -158,6 +158,7 @@ SETTINGS = (
     ),
     Setting("SPEECH_MAX_MESSAGE_BYTES", "int", 131072, "any later frame", rule=positive()),
     Setting("SPEECH_MAX_PENDING_CHARS", "int", 262144, "unsegmented + queued text", rule=positive()),
+    Setting("SPEECH_MAX_CONTEXTS", "int", 32, "open contexts (turns) per WebSocket session", rule=positive()),
     Setting("SPEECH_MAX_SEGMENT_CHARS", "int", 4096, "one segment", rule=positive()),
     Setting("SPEECH_REQUIRE_API_KEY", "bool", False, "`true`: the WebSocket and every REST endpoint need a key"),
     Setting("SPEECH_MAX_SESSIONS_PER_KEY", "int", 8, "concurrent WebSocket sessions per key, across all instances"),
@@ -282,6 +283,7 @@ def stream_limits():
         max_message_bytes=conf.MAX_MESSAGE_BYTES,
         max_pending_chars=conf.MAX_PENDING_CHARS,
         max_segment_chars=conf.MAX_SEGMENT_CHARS,
+        max_contexts=conf.MAX_CONTEXTS,
     )
 
 

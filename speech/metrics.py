@@ -124,7 +124,7 @@ async def timed(chunks, sample_rate):
             except StopAsyncIteration:
                 break
             busy += time.perf_counter() - started
-            samples += chunk.size
+            samples += getattr(chunk, "size", 0)  # an engine's word timings (Alignment) carry no audio
             yield chunk
     if samples:
         SEGMENT_SYNTHESIS.observe(busy)

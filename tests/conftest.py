@@ -90,7 +90,7 @@ class Harness:
     async def barrier(self):
         """input.commit with an empty buffer: the very next item must be its input.committed, which
         proves nothing else was emitted before it. Returns the event."""
-        assert self.session.segmenter.pending_chars == 0, "barrier() needs an empty text buffer"
+        assert self.session.contexts.default.segmenter.pending_chars == 0, "barrier() needs an empty text buffer"
         await self.send({"type": "input.commit"})
         return await self.t.event("input.committed", segment_sentences=0)
 

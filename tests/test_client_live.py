@@ -87,6 +87,16 @@ def test_wav_file_holds_the_speech(server, whisper, tmp_path):
     assert_heard(whisper, samples, rate, TWO_SENTENCES)
 
 
+def test_timestamps_flag_prints_each_words_times(server, tmp_path):
+    out = tmp_path / "out.wav"
+    done = client("-o", str(out), "--timestamps", TWO_SENTENCES, url=server.ws_url)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stderr.decode().splitlines() if line.endswith(tuple("abcdefghijklmnopqrstuvwxyz"))]
+    timed = [(int(start), int(end), word) for index, start, end, unit, word in (line for line in lines if len(line) == 5)]
+    assert [word for _, _, word in timed] == TWO_SENTENCES.replace(".", "").split()
+    assert all(start <= end for start, end, _ in timed)
+
+
 def test_mp3_file_of_several_sentences_decodes_whole(server, whisper, tmp_path):
     out = tmp_path / "out.mp3"
     done = client("-o", str(out), "--clause", "--speed", "1.2", TWO_SENTENCES + " One, two, three.", url=server.ws_url)

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.audio_samples import wav_bytes
+from tests.support.heard import without_heard
 from tests.support.live import (
     PROJECT_ROOT,
     PYTHON,
@@ -229,7 +230,7 @@ async def test_cancel_then_terminate_from_b_reach_the_session_on_a(cluster):
         assert items[-2].data is cut.done
         assert all(s.done["cancelled"] is False and s.done["total_bytes"] == len(s.audio) for s in segments[:-1])
         assert [s.start["sentence_text"] for s in segments] == SENTENCES[: len(segments)]
-        assert items[-1].data == {
+        assert without_heard(items[-1].data) == {
             "type": "input.cancelled",
             "session_id": sid,
             "cancelled_sentences": len(SENTENCES) - cut.index,
@@ -282,7 +283,7 @@ async def test_cancel_from_b_when_nothing_is_speaking_is_answered_with_nothing_c
         first = await collect(ws, until=is_event("audio.done"))
         assert await rest(cluster.b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
         answer = await collect(ws, until=is_event("input.cancelled"))
-        assert answer.events == [
+        assert [without_heard(e) for e in answer.events] == [
             {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0, "total_sentences": 1, "origin": "server"}
         ]
         await send_json(ws, {"type": "input.text", "text": "And another one. "})
@@ -310,7 +311,7 @@ async def test_a_cancel_and_a_terminate_from_b_right_after_session_configured_re
         sid = (await configure(ws, CONFIG))["session_id"]
         assert await rest(cluster.b, "POST", cancel_path(sid)) == (202, accepted(sid, "cancel"))
         answer = await collect(ws, until=is_event("input.cancelled"))
-        assert answer.events == [
+        assert [without_heard(e) for e in answer.events] == [
             {"type": "input.cancelled", "session_id": sid, "cancelled_sentences": 0, "total_sentences": 0, "origin": "server"}
         ]
         assert await rest(cluster.b, "DELETE", session_path(sid)) == (202, accepted(sid, "terminate"))

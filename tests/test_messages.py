@@ -34,6 +34,7 @@ CONTRACT_FIELDS = {
     "speed": ["integer", "number"],
     "stream_audio": ["boolean"],
     "split_granularity": ["string"],
+    "timestamps": ["string"],
     "language": ["string"],
     "instructions": ["string"],
     "ref_audio": ["string"],
@@ -74,6 +75,7 @@ EVENTS = [
                 "max_message_bytes": 65536,
                 "max_pending_chars": 20000,
                 "max_segment_chars": 4096,
+                "max_contexts": 32,
             },
         },
     ),
@@ -82,8 +84,70 @@ EVENTS = [
         {"type": "input.committed", "session_id": SID, "segment_index": 2, "segment_sentences": 1, "total_sentences": 5},
     ),
     (
-        events.InputCancelled(session_id=SID, cancelled_sentences=3, total_sentences=4, origin="server"),
-        {"type": "input.cancelled", "session_id": SID, "cancelled_sentences": 3, "total_sentences": 4, "origin": "server"},
+        events.InputCancelled(
+            session_id=SID,
+            cancelled_sentences=3,
+            total_sentences=4,
+            origin="server",
+            played_ms=1250.0,
+            played_ms_source="estimate",
+            spoken_text="Hello there.",
+            unspoken_text="How are you?",
+        ),
+        {
+            "type": "input.cancelled",
+            "session_id": SID,
+            "cancelled_sentences": 3,
+            "total_sentences": 4,
+            "origin": "server",
+            "played_ms": 1250.0,
+            "played_ms_source": "estimate",
+            "spoken_text": "Hello there.",
+            "unspoken_text": "How are you?",
+        },
+    ),
+    (
+        events.InputCommitted(session_id=SID, context_id="turn-2", segment_index=0, segment_sentences=1, total_sentences=1),
+        {
+            "type": "input.committed",
+            "session_id": SID,
+            "context_id": "turn-2",
+            "segment_index": 0,
+            "segment_sentences": 1,
+            "total_sentences": 1,
+        },
+    ),
+    (
+        events.AudioTimestamps(
+            id=f"{SID}-3",
+            sentence_index=3,
+            context_id="turn-2",
+            words=[events.Word(word="Hi", start_ms=0, end_ms=180, char_start=0, char_end=2)],
+            estimated=True,
+        ),
+        {
+            "type": "audio.timestamps",
+            "id": f"{SID}-3",
+            "sentence_index": 3,
+            "context_id": "turn-2",
+            "words": [{"word": "Hi", "start_ms": 0, "end_ms": 180, "char_start": 0, "char_end": 2}],
+            "estimated": True,
+        },
+    ),
+    (
+        events.AudioTimestamps(
+            id=f"{SID}-0", sentence_index=0, words=[events.Word(word="Hi", start_ms=0, end_ms=180, char_start=0, char_end=2)]
+        ),
+        {
+            "type": "audio.timestamps",
+            "id": f"{SID}-0",
+            "sentence_index": 0,
+            "words": [{"word": "Hi", "start_ms": 0, "end_ms": 180, "char_start": 0, "char_end": 2}],
+        },
+    ),
+    (
+        events.ContextDone(context_id="turn-2", total_sentences=2),
+        {"type": "context.done", "context_id": "turn-2", "total_sentences": 2},
     ),
     (events.SessionDone(session_id=SID, total_sentences=7), {"type": "session.done", "session_id": SID, "total_sentences": 7}),
     (
@@ -246,7 +310,17 @@ async def test_websocket_schema_is_served_with_every_message():
         ["session.config", "input.text", "input.commit", "input.cancel", "session.keepalive", "input.done"]
     )
     assert sorted(types[name] for name in server) == sorted(
-        ["session.configured", "input.committed", "input.cancelled", "session.done", "audio.start", "audio.done", "error"]
+        [
+            "session.configured",
+            "input.committed",
+            "input.cancelled",
+            "session.done",
+            "audio.start",
+            "audio.timestamps",
+            "audio.done",
+            "context.done",
+            "error",
+        ]
     )
     config = defs["SessionConfigMessage"]
     assert set(config["properties"]) == {"type", "session", *CONTRACT_FIELDS}

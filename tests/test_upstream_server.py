@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from tests.support.audio_samples import CONTENT_TYPES, NAMES, good
+from tests.support.heard import without_heard
 from tests.support.live import (
     PROJECT_ROOT,
     PYTHON,
@@ -579,7 +580,7 @@ async def test_cancel_closes_the_upstream_response(main, up, how):
                 "error": False,
                 "cancelled": True,
             }
-            assert items[-1].data == {
+            assert without_heard(items[-1].data) == {
                 "type": "input.cancelled",
                 "session_id": sid,
                 "cancelled_sentences": 1,

@@ -98,7 +98,9 @@ def _stretches(factor):
 
 
 class Chain:
-    """One segment's way from engine chunks to output samples."""
+    """One segment's way from engine chunks to output samples. Its output is exactly as long as the
+    input at the output rate and speed (the tail padded or cut at `flush`), so word times scale
+    with the speed and never pass the end of the audio (docs/protocol.md, `audio.timestamps`)."""
 
     def __init__(self, engine_rate, out_rate, stretch=1.0):
         self.steps = []
@@ -106,6 +108,8 @@ class Chain:
             self.steps.append(TimeStretch(engine_rate, stretch))
         if out_rate != engine_rate:
             self.steps.append(Resampler(engine_rate, out_rate))
+        self._ratio = out_rate / engine_rate / stretch
+        self._in = self._out = 0
 
     @staticmethod
     def needed(engine_rate, out_rate, stretch=1.0):
@@ -118,8 +122,10 @@ class Chain:
         return not self.steps
 
     def process(self, samples):
+        self._in += samples.size
         for step in self.steps:
             samples = step.process(samples)
+        self._out += samples.size
         return samples
 
     def flush(self):
@@ -127,4 +133,7 @@ class Chain:
         for step in self.steps:
             tail = step.process(tail) if tail.size else tail
             tail = np.concatenate([tail, step.flush()])
-        return tail
+        missing = round(self._in * self._ratio) - self._out
+        if missing >= tail.size:
+            return np.concatenate([tail, np.zeros(missing - tail.size, np.float32)])
+        return tail[: max(0, missing)]

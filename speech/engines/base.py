@@ -29,6 +29,9 @@ class Capabilities:
     reference_audio: bool = False
     instructions: bool = False
     any_voice: bool = False  # the voice list is not known: any name is passed on for the engine to judge
+    # Word timings come from the model itself and cost next to nothing: the session asks for them
+    # always (what was heard on a cancel), not only when the client wants `audio.timestamps`.
+    aligns: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,28 @@ class SynthesisRequest:
     # The caller takes 16-bit samples (no transform follows): chunks are int16, quantised as
     # speech.audio.signal.quantise does, by the engine where the audio is made (Engine.stream).
     pcm16: bool = False
+    # The caller wants word timings: the stream also yields `Alignment`s (Engine.stream).
+    timestamps: bool = False
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    """One word of a request's text: `text[char_start:char_end]`, heard from `start_s` to `end_s`,
+    in seconds from the first sample the engine's stream yields (after the engine's own trimming)."""
+
+    char_start: int
+    char_end: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Timings of some words of the request's text (`speech.stream.words.word_spans` says what a word
+    is). `estimated`: the engine could not align and spread the words over its audio instead."""
+
+    words: tuple[WordTiming, ...]
+    estimated: bool = False
 
 
 class EngineError(SpeechError):
@@ -65,9 +90,13 @@ class Engine(abc.ABC):
         return cls()
 
     @abc.abstractmethod
-    def stream(self, request: SynthesisRequest) -> AsyncIterator[np.ndarray]:
+    def stream(self, request: SynthesisRequest) -> AsyncIterator[np.ndarray | Alignment]:
         """Yield mono chunks at `capabilities.sample_rate`: float32 in [-1, 1], or int16 when
         `request.pcm16` (`speech.audio.signal.quantise`'s samples).
+
+        With `request.timestamps`, also yield `Alignment`s: together they cover every word of
+        `request.text` once, in order, each before the first chunk that holds audio of its words;
+        times never decrease and never pass the end of the audio yielded in the end.
 
         Quantise where the audio is made: on the synthesis thread that made it, or straight from an
         upstream's own 16-bit PCM. On the event loop it took an eighth of the loop's CPU in

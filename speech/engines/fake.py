@@ -14,7 +14,7 @@ import asyncio
 import numpy as np
 
 from ..audio.signal import quantise
-from .base import Capabilities, Engine, EngineError, SynthesisRequest
+from .base import Alignment, Capabilities, Engine, EngineError, SynthesisRequest
 
 
 class FakeEngine(Engine):
@@ -78,11 +78,21 @@ class FakeEngine(Engine):
         t = np.arange(self.chunk_samples, dtype=np.float32) / self.capabilities.sample_rate
         return (0.5 * np.sin(2 * np.pi * (220.0 + 20.0 * index) * t)).astype(np.float32)
 
+    def alignment(self, text):
+        """The words of `text` spread over the audio this engine makes for it (its own timings, so not
+        marked estimated)."""
+        from ..stream.words import estimate
+
+        duration = self.chunk_count(text) * self.chunk_samples / self.capabilities.sample_rate
+        return Alignment(estimate(text, duration).words)
+
     async def stream(self, request: SynthesisRequest):
         self.requests.append(request)
         self.running += 1
         finished = False
         try:
+            if request.timestamps:
+                yield self.alignment(request.text)
             for i in range(self.chunk_count(request.text)):
                 if self.fail_on is not None and self.fail_on in request.text and i == self.fail_after:
                     raise self.error

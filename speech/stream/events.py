@@ -27,6 +27,23 @@ class Event(BaseModel):
         return self.model_dump()
 
 
+class ContextEvent(Event):
+    """An event about a context: `context_id` is sent only for a named context, so a client that uses
+    none sees the events of docs/protocol.md's first release unchanged."""
+
+    context_id: str | None = None
+
+    def dump(self) -> dict:
+        data = self.model_dump()
+        context_id = data.pop("context_id")
+        if context_id is None:
+            return data
+        after = "sentence_index" if "sentence_index" in data else "session_id"
+        items = list(data.items())
+        at = next(i for i, (key, _) in enumerate(items) if key == after) + 1
+        return dict([*items[:at], ("context_id", context_id), *items[at:]])
+
+
 class SessionConfigured(Event):
     type: Literal["session.configured"] = "session.configured"
     session_id: str
@@ -52,7 +69,7 @@ class SessionConfigured(Event):
         )
 
 
-class InputCommitted(Event):
+class InputCommitted(ContextEvent):
     type: Literal["input.committed"] = "input.committed"
     session_id: str
     segment_index: int
@@ -60,12 +77,24 @@ class InputCommitted(Event):
     total_sentences: int
 
 
-class InputCancelled(Event):
+class InputCancelled(ContextEvent):
+    """A cancel's answer, with what the listener heard of the utterance it cut (docs/protocol.md)."""
+
     type: Literal["input.cancelled"] = "input.cancelled"
     session_id: str
     cancelled_sentences: int
     total_sentences: int
     origin: Literal["client", "server"]
+    played_ms: float
+    played_ms_source: Literal["client", "estimate"]
+    spoken_text: str
+    unspoken_text: str
+
+
+class ContextDone(Event):
+    type: Literal["context.done"] = "context.done"
+    context_id: str
+    total_sentences: int
 
 
 class SessionDone(Event):
@@ -74,7 +103,7 @@ class SessionDone(Event):
     total_sentences: int
 
 
-class AudioStart(Event):
+class AudioStart(ContextEvent):
     type: Literal["audio.start"] = "audio.start"
     id: str
     sentence_index: int
@@ -83,7 +112,34 @@ class AudioStart(Event):
     sample_rate: int
 
 
-class AudioDone(Event):
+class Word(BaseModel):
+    """One word of `sentence_text`, as `audio.timestamps` lists it."""
+
+    word: str
+    start_ms: int
+    end_ms: int
+    char_start: int
+    char_end: int
+
+
+class AudioTimestamps(ContextEvent):
+    """Words of a segment with their times in its audio as delivered, sent before that audio.
+    `estimated` only when the engine could not align (then true)."""
+
+    type: Literal["audio.timestamps"] = "audio.timestamps"
+    id: str
+    sentence_index: int
+    words: list[Word]
+    estimated: Literal[True] | None = None
+
+    def dump(self) -> dict:
+        data = super().dump()
+        if data["estimated"] is None:
+            del data["estimated"]
+        return data
+
+
+class AudioDone(ContextEvent):
     type: Literal["audio.done"] = "audio.done"
     id: str
     sentence_index: int
@@ -103,13 +159,24 @@ class ErrorEvent(Event):
     code: int | None = None
     id: str | None = None
     sentence_index: int | None = None
+    context_id: str | None = None
     partial_audio: Literal[True] | None = None
 
     def dump(self) -> dict:
         return self.model_dump(exclude_none=True)
 
 
-SERVER_EVENTS = (SessionConfigured, InputCommitted, InputCancelled, SessionDone, AudioStart, AudioDone, ErrorEvent)
+SERVER_EVENTS = (
+    SessionConfigured,
+    InputCommitted,
+    InputCancelled,
+    SessionDone,
+    AudioStart,
+    AudioTimestamps,
+    AudioDone,
+    ContextDone,
+    ErrorEvent,
+)
 
 
 # -- REST errors ------------------------------------------------------------------------------------------

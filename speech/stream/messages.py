@@ -14,6 +14,7 @@ pydantic lets through unchanged (it wraps only ValueError and AssertionError).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
@@ -42,6 +43,8 @@ if TYPE_CHECKING:  # for the annotations only
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 TELEPHONY_FORMATS, TELEPHONY_RATE = ("mulaw", "alaw"), 8000  # G.711 defaults to the telephone rate
 GRANULARITIES = ("clause", "sentence")
+TIMESTAMPS = ("none", "word")
+CONTEXT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 SPEED_MIN, SPEED_MAX = 0.25, 4.0
 # Ranges of the forwarded sampling options: what every engine can use. Hibari seeds numpy's
 # generator (negative seeds raise); sglang-omni and vLLM-omni refuse temperature < 0, top_p outside
@@ -87,6 +90,7 @@ class Limits:
     max_message_bytes: int
     max_pending_chars: int
     max_segment_chars: int
+    max_contexts: int = 32
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class SessionConfig:
     speed: float = 1.0
     stream_audio: bool = False
     split_granularity: str = "sentence"
+    timestamps: bool = False  # `audio.timestamps` before each segment's audio (timestamps: "word")
     options: dict[str, Any] = field(default_factory=dict)  # forwarded to the engine
     reference: Any = None  # an uploaded voice (speech.voices.ReferenceVoice) for engines that clone
 
@@ -152,6 +157,7 @@ class SessionFields(Message):
     speed: Number | None = None
     stream_audio: StrictBool | None = None
     split_granularity: StrictStr | None = None
+    timestamps: StrictStr | None = None
     language: StrictStr | None = None
     instructions: StrictStr | None = None
     ref_audio: StrictStr | None = None
@@ -213,6 +219,10 @@ class SessionFields(Message):
         if granularity not in GRANULARITIES:
             raise fatal(f"split_granularity must be one of: {', '.join(GRANULARITIES)}", "split_granularity")
 
+        timestamps = "none" if self.timestamps is None else self.timestamps
+        if timestamps not in TIMESTAMPS:
+            raise fatal(f"timestamps must be one of: {', '.join(TIMESTAMPS)}", "timestamps")
+
         if self.ref_audio is not None and not caps.reference_audio:
             raise fatal(f"ref_audio is not supported by engine '{caps.name}'", "ref_audio")
         if self.instructions is not None and not caps.instructions:
@@ -229,6 +239,7 @@ class SessionFields(Message):
             speed=float(speed),
             stream_audio=stream_audio,
             split_granularity=granularity,
+            timestamps=timestamps == "word",
             options={key: getattr(self, key) for key in FORWARDED if getattr(self, key) is not None},
             reference=reference,
         )
@@ -293,25 +304,54 @@ def read_fields(payload: dict[str, Any], model: type[SessionFields] = SessionFie
     return model.read(raw, context=context)
 
 
-class InputText(Message):
+class ContextMessage(Message):
+    """A message that may name a context (docs/protocol.md, contexts); none is the default context."""
+
+    context_id: StrictStr | None = None
+
+    field_messages: ClassVar[dict[str, str]] = {"context_id": "context_id must be a string"}
+
+    @field_validator("context_id")
+    @classmethod
+    def _context_id_rule(cls, value: str | None) -> str | None:
+        if value is not None and not CONTEXT_ID.fullmatch(value):
+            raise SpeechError(CONTEXT_ID_MESSAGE, param="context_id")
+        return value
+
+
+CONTEXT_ID_MESSAGE = "context_id must be 1 to 64 letters, digits, '.', '_' or '-'"
+
+
+class InputText(ContextMessage):
     """Text to speak; the segmenter cuts it into segments."""
 
     type: Literal["input.text"]
     text: StrictStr
 
-    field_messages = {"text": "input.text text must be a string"}
+    field_messages = {**ContextMessage.field_messages, "text": "input.text text must be a string"}
 
 
-class InputCommit(Message):
+class InputCommit(ContextMessage):
     """Speak what is buffered now, even without a sentence end."""
 
     type: Literal["input.commit"]
 
 
-class InputCancel(Message):
-    """Barge-in: stop the current segment, drop the queued ones and the buffered text."""
+class InputCancel(ContextMessage):
+    """Barge-in: stop the current segment, drop the queued ones and the buffered text (of one context,
+    or of all). `played_ms`: how much of the cancelled utterance's audio the client played."""
 
     type: Literal["input.cancel"]
+    played_ms: Number | None = None
+
+    field_messages = {**ContextMessage.field_messages, "played_ms": "played_ms must be a number"}
+
+    @field_validator("played_ms")
+    @classmethod
+    def _played_rule(cls, value: float | None) -> float | None:
+        if value is not None and not 0 <= value < float("inf"):
+            raise SpeechError("played_ms must be at least 0", param="played_ms")
+        return value
 
 
 class SessionKeepalive(Message):
@@ -320,8 +360,9 @@ class SessionKeepalive(Message):
     type: Literal["session.keepalive"]
 
 
-class InputDone(Message):
-    """No more text: the buffered text is spoken, then session.done and close 1000."""
+class InputDone(ContextMessage):
+    """No more text: the buffered text is spoken, then session.done and close 1000; with a
+    `context_id`, that context's text is spoken, then context.done, and the session goes on."""
 
     type: Literal["input.done"]
 

@@ -1,7 +1,7 @@
 """One-shot synthesis for `POST /v1/audio/speech`: a whole text, the session's engine and chain.
 
 The text is cut by the same segmenter as a session and each segment rendered in turn the way a
-session renders it (`pipeline.render_segment`), the audio yielded as chunks at the output rate
+session renders it (`render.render_segment`), the audio yielded as chunks at the output rate
 (16-bit samples, or float32 after a transform). Closing the generator (a client that went away)
 aborts the engine's work.
 """
@@ -9,16 +9,15 @@ aborts the engine's work.
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
-from .pipeline import render_segment
+import numpy as np
+
+from .render import render_segment
 from .segmenter import Segmenter
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from ..engines.base import Engine
     from .messages import SessionConfig
 
@@ -28,5 +27,5 @@ async def synthesize(engine: Engine, config: SessionConfig, text: str) -> AsyncG
     for segment in [*segmenter.feed(text), *segmenter.flush()]:
         async with contextlib.aclosing(render_segment(engine, config, segment)) as audio:
             async for chunk in audio:
-                if chunk.size:
+                if isinstance(chunk, np.ndarray) and chunk.size:  # no word times are asked for here
                     yield chunk

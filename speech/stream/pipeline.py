@@ -1,16 +1,17 @@
 """Synthesis and ordered delivery of a session's segments, in plain asyncio (no Channels).
 
-Segments wait in a queue. Synthesis runs for the segment being delivered and for the next
-`LOOKAHEAD` ones at most (bounded look-ahead), each in its own producer task that feeds the
-segment's chunk queue, after the segment's time-stretch and resampling (`transforms.Chain`,
-off the event loop). One delivery task sends segment k completely (audio.start, binary frames,
+Segments wait in one queue, in speaking order: by context (contexts.py: one after another, in the
+order they were made), then in the order their text came. Synthesis runs for the segment being
+delivered and for the next `LOOKAHEAD` ones at most (bounded look-ahead; the next context's first
+segment among them), each in its own producer task that feeds the segment's chunk queue. One
+delivery task sends segment k completely (audio.start, audio.timestamps, binary frames,
 audio.done) before anything of segment k+1. Sentence indexes are given when a segment is
 announced, so dropped segments never use one up.
 
 Delivery goes as fast as the client reads: the transport's `send_bytes` waits while the
-connection's outgoing buffer is full (speech/web/flowcontrol.py), so a client that stops reading holds
-its session (delivery waits, synthesis stops after the look-ahead) without the server buffering
-more than one frame beyond the socket's buffers.
+connection's outgoing buffer is full, so a client that stops reading holds its session (delivery
+waits, synthesis stops after the look-ahead) without the server buffering more than one frame
+beyond the socket's buffers.
 """
 
 from __future__ import annotations
@@ -20,18 +21,20 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import metrics
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
-from ..engines import SynthesisRequest
-from ..engines.pool import CURRENT, Ticket
+from ..engines.base import Alignment
+from ..engines.pool import Ticket
+from .contexts import Context, Contexts
 from .errors import SpeechError, bad_request, server_error
-from .events import AudioDone, AudioStart
-from ..audio.transforms import Chain, plan_speed
+from .events import AudioDone, AudioStart, AudioTimestamps, ContextDone, Word
+from .render import Audio, render_segment, start_segment
+from .utterance import Record, WordTime
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -48,28 +51,36 @@ _END = object()
 
 
 class Job:
+    """One segment of a context's text, from its queueing to its audio.done."""
+
     __slots__ = (
         "text",
+        "context",
         "ticket",
         "chunks",
         "stream",
         "producer",
         "index",
         "bytes_sent",
+        "sent_s",
+        "words",
         "done_sent",
         "queued_at",
         "started",
     )
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, context: Context) -> None:
         self.text = text
+        self.context = context
         self.ticket = Ticket(current=False)  # its place in the engine's synthesis queue
         self.queued_at = time.monotonic()
-        self.chunks: asyncio.Queue[Any] = asyncio.Queue()  # np.ndarray chunks, then _END or an exception
-        self.stream: AsyncIterator[np.ndarray] | None = None  # the engine's, started with the producer, until it takes it
+        self.chunks: asyncio.Queue[Any] = asyncio.Queue()  # chunks and Alignments, then _END or an exception
+        self.stream: AsyncIterator[Audio] | None = None  # the engine's, started with the producer, until it takes it
         self.producer: asyncio.Task[None] | None = None
         self.index: int | None = None  # its sentence index, given when audio.start (or its error) is sent
         self.bytes_sent = 0
+        self.sent_s = 0.0  # seconds of its audio sent
+        self.words: list[WordTime] | None = None  # its words' times as delivered, once the engine gave them
         self.done_sent = False
         self.started = False  # its first frame is sent (streamed), its first chunk is there (files), or it
         # ended: the next segment may start
@@ -78,36 +89,8 @@ class Job:
     def announced(self) -> bool:
         return self.index is not None
 
-
-def start_segment(engine: Engine, config: SessionConfig, text: str, ticket: Ticket = CURRENT) -> AsyncIterator[np.ndarray]:
-    """The engine's stream of one segment, asked for now (Hibari queues its first job at once); its
-    owner closes it, or hands it to `render_segment`, which does. When no transform follows, the
-    engine quantises to 16 bits where it makes the audio (`SynthesisRequest.pcm16`)."""
-    engine_speed, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
-    pcm16 = not Chain.needed(engine.capabilities.sample_rate, config.sample_rate, stretch)
-    return engine.stream(SynthesisRequest(text, config.voice, engine_speed, config.options, config.reference, ticket, pcm16))
-
-
-async def render_segment(
-    engine: Engine,
-    config: SessionConfig,
-    text: str,
-    ticket: Ticket = CURRENT,
-    stream: AsyncIterator[np.ndarray] | None = None,
-) -> AsyncGenerator[np.ndarray, None]:
-    """One segment's audio as the client wants it: the engine's chunks (`stream`, or a stream started
-    here) through the segment's `transforms.Chain` (speed, rate; off the event loop); 16-bit samples
-    when there is nothing to transform (`start_segment`), else float32. Closing the generator, or
-    cancelling the task that reads it, aborts the engine's work."""
-    _, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
-    chain = Chain(engine.capabilities.sample_rate, config.sample_rate, stretch)
-    if stream is None:
-        stream = start_segment(engine, config, text, ticket)
-    async with contextlib.aclosing(metrics.timed(stream, engine.capabilities.sample_rate)) as chunks:
-        async for chunk in chunks:
-            yield chunk if chain.identity else await asyncio.to_thread(chain.process, chunk)
-    if not chain.identity:
-        yield await asyncio.to_thread(chain.flush)
+    def record(self, complete: bool) -> Record:
+        return Record(self.text, self.words, self.sent_s * 1000, complete)
 
 
 class Pipeline:
@@ -121,15 +104,20 @@ class Pipeline:
         max_segment_chars: int,
         on_idle: Callable[[], None],
         on_crash: Callable[[], None],
+        contexts: Contexts | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
         self.transport = transport  # its send_bytes waits while the client is not reading (backpressure)
         self.session_id = session_id
         self.max_segment_chars = max_segment_chars
-        self.on_idle = on_idle  # called when delivery ran out of segments (not after a cancel)
+        self.on_idle = on_idle  # called when delivery ran out of segments it may send (not after a cancel)
         self.on_crash = on_crash  # called when delivery itself failed (a bug, not an engine error)
+        self.contexts = contexts or Contexts(config.split_granularity, max_open=32)
         self.rate = config.sample_rate
+        # Word times are asked for when the client wants them, and always from an engine whose times
+        # are its model's own (what was heard, on a cancel).
+        self.timestamps = config.timestamps or engine.capabilities.aligns
         self.jobs: deque[Job] = deque()
         self.sentences = 0  # sentence indexes given so far
         self.queued_chars = 0  # text of segments whose synthesis has not started
@@ -138,11 +126,12 @@ class Pipeline:
         self._played_out_at = 0.0  # monotonic time by which a client playing each frame as it comes has played all
         self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
+        self._current: Job | None = None  # the job delivery is sending
 
     @property
     def busy(self) -> bool:
-        """Segments are waiting, being synthesised or being sent."""
-        return bool(self.jobs)
+        """Segments are being sent, or waiting with nothing before them but synthesis."""
+        return self._delivery is not None or self._deliverable() is not None
 
     def audio_ahead_s(self) -> float:
         """Seconds of audio sent that a client playing each frame at real time from its arrival (and
@@ -154,12 +143,37 @@ class Pipeline:
         """Segments accepted and not dropped: announced ones plus those still waiting."""
         return self.sentences + sum(1 for job in self.jobs if not job.announced)
 
-    def enqueue(self, text: str) -> None:
-        job = Job(text)
-        self.jobs.append(job)
+    def enqueue(self, text: str, context: Context | None = None) -> None:
+        """Queue a segment of `context` (the default one if None): after that context's segments,
+        before those of contexts made after it."""
+        context = context or self.contexts.default
+        job = Job(text, context)
+        at = len(self.jobs)
+        while at and self.jobs[at - 1].context.order > context.order:
+            at -= 1
+        self.jobs.insert(at, job)
+        context.jobs += 1
+        context.sentences += 1
         self.queued_chars += len(text)
         self._start_producers()
-        if self._delivery is None:
+        self.resume()
+
+    async def finish(self, context: Context) -> None:
+        """input.done for `context`: context.done after its last segment (now, if it has none left,
+        and the next context may speak)."""
+        context.finishing = True
+        await self._context_step(context)
+        self.resume()
+
+    def _deliverable(self) -> Job | None:
+        """The next segment to send: the queue's first, if its context has the floor."""
+        if self.jobs and self.jobs[0].context is self.contexts.head():
+            return self.jobs[0]
+        return None
+
+    def resume(self) -> None:
+        """Deliver what may be delivered now (after a context closed, say)."""
+        if self._delivery is None and self._deliverable() is not None:
             self._delivery = asyncio.create_task(self._deliver_all(), name=f"{self.session_id}-delivery")
 
     def _start_producers(self) -> None:
@@ -168,26 +182,22 @@ class Pipeline:
         the next one (look-ahead) waits behind every session's current segments. While the client has no
         audio of this utterance yet, the look-ahead starts only once the current segment's first
         frame is sent (its first chunk, when audio is sent as a file), so it never delays the first
-        audio; once audio flows, it starts with the current segment, and a fast reader gets two
-        segments synthesised at a time instead of one after the other."""
+        audio; once audio flows, it starts with the current segment. The engine's stream is started
+        here, in this step, not by the producer task: Hibari then queues the segment's first job
+        before the loop handles the other sessions' messages of this turn (bench/RESULTS.md)."""
         for position, job in enumerate(self.jobs):
             if position > LOOKAHEAD:
                 break
-            if position == 0:
+            if position == 0 and job is self._deliverable():
                 # Due when the client has played what it was sent, or when its text came if that is later.
                 job.ticket.deadline = max(self._played_out_at, job.queued_at)
                 job.ticket.current = True
-            elif not (self._flowing or self.jobs[position - 1].started):
+            elif position and not (self._flowing or self.jobs[position - 1].started):
                 break
             if job.producer is None:
                 self.queued_chars -= len(job.text)
-                # The engine's stream is started here, in this step, not by the producer task: Hibari then
-                # queues the segment's first job before the loop handles the other sessions' messages of
-                # this turn. With 4 and 8 sessions' text arriving together (bench/throughput.py's rounds,
-                # job timestamps), the first job started 1.5-4.3 ms after the text, now 1.3-1.9 ms; the
-                # raw engine's 0.3 ms.
                 if len(job.text) <= self.max_segment_chars:
-                    job.stream = start_segment(self.engine, self.config, job.text, job.ticket)
+                    job.stream = start_segment(self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps)
                 job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
 
     def _started(self, job: Job) -> None:
@@ -209,6 +219,9 @@ class Pipeline:
             segment = render_segment(self.engine, self.config, job.text, job.ticket, stream)
             async with contextlib.aclosing(segment) as audio:
                 async for chunk in audio:
+                    if isinstance(chunk, Alignment):
+                        job.chunks.put_nowait(chunk)
+                        continue
                     if chunk.size and encoder is not None and not streamed_audio:
                         chunk = await self._first_frame_first(job, encoder, chunk)
                     if chunk.size:
@@ -230,11 +243,8 @@ class Pipeline:
 
     async def _first_frame_first(self, job: Job, encoder: RawEncoder, chunk: np.ndarray) -> np.ndarray:
         """Queue the segment's first frame alone and let delivery send it before the rest of the chunk is
-        encoded. Encoding a whole sentence first (16-bit PCM from float32, on an event loop that has just
-        woken; with the engine's 16-bit samples it is still a copy of the whole sentence) stood
-        between the engine's audio and the first frame: from the engine's result reaching the loop to the
-        first frame sent, 1.07 -> 0.85 ms at p50 (a server with timestamps, 2 x 40 paragraph sessions
-        each way, interleaved). Returns the rest of the chunk."""
+        encoded: encoding a whole sentence first stood between the engine's audio and the first
+        frame (bench/RESULTS.md). Returns the rest of the chunk."""
         head = _first_frame_samples(self.rate)
         if chunk.size <= head:
             return chunk
@@ -244,9 +254,12 @@ class Pipeline:
 
     async def _deliver_all(self) -> None:
         try:
-            while self.jobs:
-                await self._deliver(self.jobs[0])
-                self.jobs.popleft()
+            while (job := self._deliverable()) is not None:
+                self._current = job
+                await self._deliver(job)
+                self._current = None
+                self._forget(job)
+                await self._context_step(job.context)
                 self._start_producers()
         except Exception:
             logger.exception("delivery failed in %s", self.session_id)
@@ -258,6 +271,20 @@ class Pipeline:
         self._delivery = None
         self._flowing = False  # the next text is a new utterance: its first audio goes first again
         self.on_idle()
+
+    def _forget(self, job: Job) -> None:
+        self.jobs.remove(job)
+        job.context.jobs -= 1
+
+    async def _context_step(self, context: Context) -> None:
+        """A segment of `context` is done: a finishing context with none left says context.done."""
+        if context.finishing and context.jobs == 0 and not context.closed:
+            await self.context_done(context)
+
+    async def context_done(self, context: Context) -> None:
+        if context.id is not None:
+            await self.transport.send_json(ContextDone(context_id=context.id, total_sentences=context.sentences).dump())
+        self.contexts.close(context)
 
     def _announce(self, job: Job) -> None:
         job.index = self.sentences
@@ -272,9 +299,29 @@ class Pipeline:
             AudioStart(
                 id=self._id(job),
                 sentence_index=job.index,  # type: ignore[arg-type]  # _announce() set it
+                context_id=job.context.id,
                 sentence_text=job.text,
                 format=self.config.response_format,
                 sample_rate=self.rate,
+            ).dump()
+        )
+
+    async def _timestamps(self, job: Job, alignment: Alignment) -> None:
+        """Keep the words' delivered times (what was heard, on a cancel) and send them when asked for:
+        after audio.start, before the audio they describe."""
+        words = [WordTime(w.char_start, w.char_end, int(w.start_s * 1000), int(w.end_s * 1000)) for w in alignment.words]
+        job.words = (job.words or []) + words
+        if not self.config.timestamps:
+            return
+        if not job.announced:
+            await self._start(job)
+        await self.transport.send_json(
+            AudioTimestamps(
+                id=self._id(job),
+                sentence_index=job.index,  # type: ignore[arg-type]  # announced above
+                context_id=job.context.id,
+                words=[Word(word=job.text[w.char_start : w.char_end], **vars(w)) for w in words],
+                estimated=True if alignment.estimated else None,
             ).dump()
         )
 
@@ -282,10 +329,12 @@ class Pipeline:
         first = job.bytes_sent == 0
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
+        job.sent_s += seconds
         self.bytes_sent += len(data)
         metrics.audio_sent(len(data), seconds)
         now = time.monotonic()
         self._played_out_at = max(self._played_out_at, now) + seconds
+        job.context.utterance.sent(seconds * 1000, self._played_out_at)
         job.ticket.deadline = self._played_out_at  # the segment's further jobs are due once this is played
         if self.first_audio_s is None:
             self.first_audio_s = now - job.queued_at
@@ -293,9 +342,9 @@ class Pipeline:
         # Let the loop run: a cancel that arrived meanwhile is read and handled before the next frame.
         await asyncio.sleep(0)
         if first:
-            # The next segment's synthesis starts once this segment's first frame is in the socket
-            # (speech/web/wsprotocol.py writes it through at once), not when its audio was made: its
-            # G2P is Python and would hold the GIL while the loop still had that frame to write.
+            # The next segment's synthesis starts once this segment's first frame is in the socket,
+            # not when its audio was made: its G2P is Python and would hold the GIL while the loop
+            # still had that frame to write.
             self._flowing = True
             self._started(job)
 
@@ -307,13 +356,19 @@ class Pipeline:
     async def _deliver(self, job: Job) -> None:
         fmt, streaming = self.config.response_format, self.config.stream_audio
         raw = RawEncoder(fmt, self.rate) if fmt in RAW_FORMATS else None
-        collected = []
+        collected: list[np.ndarray] = []
+        alignments: list[Alignment] = []
         failure = None
         while (item := await job.chunks.get()) is not _END:
             if isinstance(item, SpeechError):
                 failure = item
             elif failure is not None:
                 continue
+            elif isinstance(item, Alignment):
+                if streaming:
+                    await self._timestamps(job, item)
+                else:
+                    alignments.append(item)
             elif streaming:  # encoded by the producer; the handshake allows streaming for raw formats only
                 await self._stream(job, raw.bytes_per_sample, item)  # type: ignore[union-attr]
             else:
@@ -326,26 +381,31 @@ class Pipeline:
                 failure = server_error(str(exc))
             else:
                 await self._start(job)
+                for alignment in alignments:
+                    await self._timestamps(job, alignment)
                 await self._send_audio(job, data, samples.size / self.rate)
         if failure is not None or not job.announced:
             failure = failure or server_error("the engine produced no audio for this segment")
-            partial = job.announced
+            partial = job.bytes_sent > 0
             if not job.announced:
                 self._announce(job)
             await self.transport.send_json(
-                failure.event(id=self._id(job), sentence_index=job.index, partial_audio=True if partial else None)
+                failure.event(
+                    id=self._id(job),
+                    sentence_index=job.index,
+                    context_id=job.context.id,
+                    partial_audio=True if partial else None,
+                )
             )
         await self._done(job, error=failure is not None, cancelled=False)
 
     async def _stream(self, job: Job, width: int, data: bytes) -> None:
         """Send one encoded chunk as raw frames: a short first frame for each segment, then FRAME_S frames.
         A later frame holds more, up to MAX_FRAME_S, when the connection sends that much at once
-        (`Transport.send_room`: a client that reads faster than the audio comes). Every frame is a cost
-        to the event loop and to the client: frames up to 1 s where the window allows took the loop from
-        0.33 to 0.26 and the client from 0.17 to 0.12 ms of CPU per audio second, and throughput from 0.91
-        to 0.94 of the engine's (bench/throughput.py's paragraph at C = 8, 20 rounds interleaved with
-        200 ms frames). Frames never outgrow the window, because on loopback a write larger than it may
-        wait seconds (speech/web/tcpwindow.py); a client that falls behind gets FRAME_S frames."""
+        (`Transport.send_room`: a client that reads faster than the audio comes): every frame costs the
+        event loop and the client (bench/RESULTS.md). Frames never outgrow the window, because on
+        loopback a write larger than it may wait seconds (speech/web/tcpwindow.py); a client that falls
+        behind gets FRAME_S frames."""
         if not job.announced:
             await self._start(job)
         at = 0
@@ -363,28 +423,34 @@ class Pipeline:
 
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
+        job.context.utterance.add(job.record(complete=not (error or cancelled)))
         await self.transport.send_json(
             AudioDone(
                 id=self._id(job),
                 sentence_index=job.index,  # type: ignore[arg-type]  # only announced jobs end
+                context_id=job.context.id,
                 total_bytes=job.bytes_sent,
                 error=error,
                 cancelled=cancelled,
             ).dump()
         )
 
-    async def _stop(self) -> list[Job]:
-        """Stop delivery and every producer (engine work included) and forget all segments. The
+    async def _stop(self, context: Context | None = None) -> list[Job]:
+        """Stop the segments of `context` (all if None), engine work included, and forget them. The
         segments are forgotten first: a producer that ends here marks its segment started, which
-        must not start the next one's synthesis behind our back."""
-        jobs = list(self.jobs)
-        self.jobs.clear()
-        self.queued_chars = 0
-        self._flowing = False
+        must not start the next one's synthesis behind our back. Delivery stops only when it was
+        sending one of them."""
+        jobs = [job for job in self.jobs if context is None or job.context is context]
+        for job in jobs:
+            self._forget(job)
+            if job.producer is None:
+                self.queued_chars -= len(job.text)
         tasks = [job.producer for job in jobs if job.producer is not None]
-        if self._delivery is not None:
+        if self._delivery is not None and (context is None or self._current in jobs):
             tasks.append(self._delivery)
             self._delivery = None
+            self._current = None
+            self._flowing = False
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -393,12 +459,18 @@ class Pipeline:
                 await job.stream.aclose()  # type: ignore[attr-defined]  # engines' streams close
         return jobs
 
-    async def cancel(self) -> int:
-        """Barge-in: stop the current segment within one frame, drop the rest. Returns how many
-        segments were stopped or dropped."""
-        jobs = [job for job in await self._stop() if not job.done_sent]
-        if jobs and jobs[0].announced:
-            await self._done(jobs[0], error=False, cancelled=True)
+    async def cancel(self, context: Context | None = None) -> int:
+        """Barge-in: stop the segment being sent within one frame and drop the rest, of `context`
+        (of every context if None); the other contexts go on. Returns how many segments were
+        stopped or dropped."""
+        jobs = [job for job in await self._stop(context) if not job.done_sent]
+        for job in jobs:
+            if job.announced:
+                await self._done(job, error=False, cancelled=True)
+            else:
+                job.context.sentences -= 1
+        self._start_producers()
+        self.resume()
         return len(jobs)
 
     async def aclose(self) -> None:

@@ -88,6 +88,11 @@ class Segmenter:
         """Characters held and not yet returned (current segment plus any held prefix)."""
         return len(self._chars) + len(self._carry)
 
+    @property
+    def pending_text(self) -> str:
+        """The text waiting for a segment end (what `flush` would cut now, before its clean-up)."""
+        return f"{self._carry} {''.join(self._chars)}".strip()
+
     def feed(self, text: str) -> list[str]:
         out: list[str] = []
         for ch in text:

@@ -28,9 +28,11 @@ from .errors import (
     SpeechError,
     fatal,
 )
+from .contexts import Context, Contexts
 from .events import InputCancelled, InputCommitted, SessionConfigured, SessionDone
-from .messages import InputText
+from .messages import InputCancel, InputDone, InputText, InputCommit
 from .pipeline import Pipeline
+from .utterance import Utterance
 from .protocol import (
     parse_in_thread,
     parse_message,
@@ -38,7 +40,6 @@ from .protocol import (
     size_error,
     utf8_length_exceeds,
 )
-from .segmenter import Segmenter
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -104,7 +105,7 @@ class SpeechSession:
         self.state = State.AWAITING_CONFIG
         # Set by session.config; the handlers that use them run only after it (State.ACTIVE / DRAINING).
         self.config: SessionConfig = None  # type: ignore[assignment]
-        self.segmenter: Segmenter = None  # type: ignore[assignment]
+        self.contexts: Contexts = None  # type: ignore[assignment]
         self.pipeline: Pipeline = None  # type: ignore[assignment]  # None until then, and _end() checks
         self.closed = asyncio.Event()  # set once the session has ended, by either side
         self._timer: asyncio.TimerHandle | None = None
@@ -183,9 +184,9 @@ class SpeechSession:
                 await self.terminate(reason if isinstance(reason, str) and reason else TERMINATED_MESSAGE)
             elif kind == "speech.cancel":
                 if self._issued_before_utterance(message.get("issued_at")):
-                    await self._send_cancelled(0, "server")
+                    await self._send_cancelled(0, "server", self._speaking(), None, [])
                 else:
-                    await self._on_cancel({}, origin="server")
+                    await self._on_cancel({"type": "input.cancel"}, origin="server")
                 self._arm_idle()
 
     def _issued_before_utterance(self, issued_at: Any) -> bool:
@@ -204,7 +205,7 @@ class SpeechSession:
         if payload.get("type") != "session.config":
             raise fatal("first WebSocket message must be session.config", "type")
         self.config = await resolve_config(payload, self.engine.capabilities, self.find_voice, self.voice_aliases)
-        self.segmenter = Segmenter(self.config.split_granularity)
+        self.contexts = Contexts(self.config.split_granularity, self.limits.max_contexts)
         self.pipeline = Pipeline(
             engine=self.engine,
             config=self.config,
@@ -213,6 +214,7 @@ class SpeechSession:
             max_segment_chars=self.limits.max_segment_chars,
             on_idle=self._on_pipeline_idle,
             on_crash=self._on_pipeline_crash,
+            contexts=self.contexts,
         )
         self.state = State.ACTIVE
         if self.on_configured is not None:
@@ -234,13 +236,25 @@ class SpeechSession:
 
     # -- message handlers ----------------------------------------------------------------------
     async def _on_text(self, payload: dict[str, Any]) -> None:
-        text = self._join_surrogates(InputText.read(payload, close_code=None).text)
+        message = InputText.read(payload, close_code=None)
+        text = self._join_surrogates(message.text)
         limit = self.limits.max_pending_chars
-        if self.segmenter.pending_chars + self.pipeline.queued_chars + len(text) > limit:
+        if self._pending_chars() + self.pipeline.queued_chars + len(text) > limit:
             raise fatal(f"buffered speech text exceeds {limit} characters", "text")
-        if text and not self.pipeline.busy and self.segmenter.pending_chars == 0:
+        context = self._open_context(message.context_id)
+        if text and not self.pipeline.busy and self._pending_chars() == 0:
             self._utterance_started = time.time()  # the first text after silence begins new speech
-        self._enqueue(self.segmenter.feed(text))
+        self._enqueue(context, context.segmenter.feed(text))
+
+    def _pending_chars(self) -> int:
+        return sum(context.segmenter.pending_chars for context in self.contexts)
+
+    def _open_context(self, context_id: str | None) -> Context:
+        """The context text goes to: made by its first text; refused once it is closed or finishing."""
+        context = self.contexts.for_text(context_id)
+        if context.finishing:
+            raise SpeechError(f"context '{context_id}' is closed", param="context_id")
+        return context
 
     def _join_surrogates(self, text: str) -> str:
         """JSON may carry UTF-16 halves (\\ud83d) and a client may split a pair across frames:
@@ -254,31 +268,101 @@ class SpeechSession:
         return text
 
     async def _on_commit(self, payload: dict[str, Any]) -> None:
-        segments = self.segmenter.flush()
-        self._enqueue(segments)
+        message = InputCommit.read(payload, close_code=None)
+        context = self._open_context(message.context_id)
+        segments = context.segmenter.flush()
+        self._enqueue(context, segments)
         await self.transport.send_json(
             InputCommitted(
                 session_id=self.session_id,
+                context_id=context.id,
                 segment_index=self._commits,
                 segment_sentences=len(segments),
-                total_sentences=self.pipeline.total_sentences,
+                total_sentences=self._total(context),
             ).dump()
         )
         self._commits += 1
 
+    def _total(self, context: Context | None) -> int:
+        """total_sentences of an event: a named context's own, else the session's."""
+        return context.sentences if context is not None and context.named else self.pipeline.total_sentences
+
     async def _on_cancel(self, payload: dict[str, Any], origin: Origin = "client") -> None:
-        self.segmenter.clear()
-        await self._send_cancelled(await self.pipeline.cancel(), origin)
+        message = InputCancel.read(payload, close_code=None)
+        if message.context_id is None:
+            await self._cancel_all(message.played_ms, origin)
+        else:
+            await self._cancel_context(message.context_id, message.played_ms, origin)
         self._on_pipeline_idle()
 
-    async def _send_cancelled(self, cancelled: int, origin: Origin) -> None:
+    async def _cancel_all(self, played_ms: float | None, origin: Origin) -> None:
+        """Every context is cut; the heard text is the one that was speaking's (or next to speak)."""
+        reported = self._speaking()
+        unsaid = self._unsaid(reported)
+        cancelled = await self.pipeline.cancel()
+        await self._send_cancelled(cancelled, origin, reported, played_ms, unsaid)
+        for context in list(self.contexts):
+            self._reset(context)
+
+    def _speaking(self) -> Context:
+        """The context whose audio is playing, or is next to play."""
+        return self.contexts.head() or self.contexts.default
+
+    async def _cancel_context(self, context_id: str, played_ms: float | None, origin: Origin) -> None:
+        context = self.contexts.find(context_id)
+        if context is None:  # never made, or already closed: nothing to cut; what was heard if known
+            ended = self.contexts.ended(context_id)
+            await self._send_cancelled(0, origin, ended, played_ms, [], context_id=context_id)
+            return
+        unspoken = self._unsaid(context)
+        cancelled = await self.pipeline.cancel(context)
+        await self._send_cancelled(cancelled, origin, context, played_ms, unspoken)
+        self._reset(context)
+        self.pipeline.resume()  # the next context speaks now
+
+    def _unsaid(self, context: Context) -> list[str]:
+        """The text a context accepted that has no audio out yet: queued segments and its buffer."""
+        queued = [job.text for job in self.pipeline.jobs if job.context is context and not job.announced]
+        return [*queued, context.segmenter.pending_text]
+
+    def _reset(self, context: Context) -> None:
+        """After its cancel: a named context is closed; the default one starts a new utterance."""
+        context.segmenter.clear()
+        if context.named:
+            self.contexts.close(context)
+        else:
+            context.utterance = Utterance()
+
+    async def _send_cancelled(
+        self,
+        cancelled: int,
+        origin: Origin,
+        context: Context | None,
+        played_ms: float | None,
+        unsaid: list[str],
+        *,
+        context_id: str | None = None,
+    ) -> None:
+        """input.cancelled with what the listener heard of `context`'s utterance: `played_ms` from the
+        client, or the server's estimate of real-time playback."""
+        utterance = context.utterance if context is not None else Utterance()
+        source: Literal["client", "estimate"] = "client" if played_ms is not None and origin == "client" else "estimate"
+        if source == "estimate":
+            played_ms = utterance.played_estimate_ms(time.monotonic())
+        played = min(float(played_ms), utterance.sent_ms)  # type: ignore[arg-type]  # set above
+        spoken, unspoken = utterance.heard(played)
         metrics.CANCELS.labels(origin).inc()
         await self.transport.send_json(
             InputCancelled(
                 session_id=self.session_id,
+                context_id=context.id if context is not None else context_id,
                 cancelled_sentences=cancelled,
-                total_sentences=self.pipeline.total_sentences,
+                total_sentences=self._total(context) if context is not None else 0,
                 origin=origin,
+                played_ms=round(played, 1),
+                played_ms_source=source,
+                spoken_text=spoken,
+                unspoken_text=" ".join(part for part in [*unspoken, *unsaid] if part),
             ).dump()
         )
 
@@ -286,14 +370,22 @@ class SpeechSession:
         """Only resets the idle timer, which every frame does."""
 
     async def _on_done(self, payload: dict[str, Any]) -> None:
-        self._enqueue(self.segmenter.flush())
+        message = InputDone.read(payload, close_code=None)
+        if message.context_id is not None:
+            context = self._open_context(message.context_id)
+            self._enqueue(context, context.segmenter.flush())
+            await self.pipeline.finish(context)
+            return
+        for context in list(self.contexts):
+            self._enqueue(context, context.segmenter.flush())
+            await self.pipeline.finish(context)
         self.state = State.DRAINING
         if not self.pipeline.busy:
             self._on_pipeline_idle()
 
-    def _enqueue(self, segments: list[str]) -> None:
+    def _enqueue(self, context: Context, segments: list[str]) -> None:
         for segment in segments:
-            self.pipeline.enqueue(segment)
+            self.pipeline.enqueue(segment, context)
 
     # -- endings -------------------------------------------------------------------------------
     async def _end(self, outcome: str, error: SpeechError | None = None, close_code: int | None = None) -> None:
