@@ -106,7 +106,7 @@ async def test_interruption_mid_sentence_keeps_what_was_heard_and_the_next_turn_
 
 
 async def test_an_idle_socket_is_kept_open_by_keepalives(server):
-    async with Bot(server.ws_url, keepalive_interval_s=0.5) as bot:
+    async with Bot(server.ws_url) as bot:  # keep-alives every third of the announced idle timeout
         session = bot.tts.session_id
         await asyncio.sleep(3)  # longer than the server's idle timeout (2 s, conftest.py)
         await bot.say(tokens(SENTENCES[0]))

@@ -93,7 +93,8 @@ class SpeechServerTTSService(WebsocketTTSService):
             sample_rate: output rate (8000, 16000, 22050, 24000, 44100 or 48000); the server
                 resamples to it. None: the pipeline's output rate.
             speed: speaking rate, 0.25 to 4.0 (the pitch is kept).
-            keepalive_interval_s: how often an idle socket sends `session.keepalive`.
+            keepalive_interval_s: how often an idle socket sends `session.keepalive` (at most a
+                third of the idle timeout the server announces in `session.configured`).
             settings: `voice` (a voice of the server, or an alias such as `alloy`), `model`.
             text_aggregation_mode: SENTENCE (Pipecat cuts sentences; each is committed at
                 once) or TOKEN (tokens go straight on and the server cuts sentences itself).
@@ -115,6 +116,7 @@ class SpeechServerTTSService(WebsocketTTSService):
         self._api_key = api_key
         self._speed = speed
         self._keepalive_interval_s = keepalive_interval_s
+        self._keepalive_every = keepalive_interval_s  # shortened to a third of the server's idle timeout
         self._receive_task: asyncio.Task[None] | None = None
         self._contexts: dict[str, _Context] = {}
         self._current: str | None = None  # the context whose binary frames are arriving
@@ -135,7 +137,7 @@ class SpeechServerTTSService(WebsocketTTSService):
         await self._connect_websocket()
         if self._websocket and not self._receive_task:
             self._receive_task = self.create_task(self._receive_task_handler(self._report_error))
-        self._create_keepalive_task(self._keepalive_interval_s)
+        self._create_keepalive_task(self._keepalive_every)
 
     async def _disconnect(self) -> None:
         await super()._disconnect()
@@ -173,6 +175,8 @@ class SpeechServerTTSService(WebsocketTTSService):
                 raise SpeechServerError(f"the server sends {configured.get('sample_rate')} Hz, not {self.sample_rate}")
             self._websocket = websocket
             self.session_id = configured["session_id"]
+            idle_timeout_s = configured.get("limits", {}).get("idle_timeout_s") or self._keepalive_interval_s * 3
+            self._keepalive_every = min(self._keepalive_interval_s, idle_timeout_s / 3)
             self._contexts.clear()
             self._current = None
             await self._call_event_handler("on_connected")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,8 @@ import aiohttp
 
 from .log import logger
 
-# The server closes a session after 30 s without a client frame while nothing is generating.
+# The server closes a session after 30 s (its limits.idle_timeout_s) without a client frame while
+# nothing is generating; keep-alives go every third of that, at most every 10 s.
 KEEPALIVE_INTERVAL_S = 10.0
 
 
@@ -36,9 +38,17 @@ class Session:
     """A configured session: `open(context_id)` gives the context's queue of events (dicts), Audio
     and, if the socket ends, a SessionClosed."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, configured: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        configured: dict[str, Any],
+        on_cancelled: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.ws = ws
         self.configured = configured
+        self.on_cancelled = on_cancelled  # the server's input.cancelled for a context already let go
+        idle_timeout_s = configured.get("limits", {}).get("idle_timeout_s") or 3 * KEEPALIVE_INTERVAL_S
+        self.keepalive_every = min(KEEPALIVE_INTERVAL_S, idle_timeout_s / 3)
         self._queues: dict[str, asyncio.Queue[dict[str, Any] | Audio | SessionClosed]] = {}
         self._current: str | None = None  # the context of the last audio.start
         self._reader = asyncio.create_task(self._read(), name="speechserver.read")
@@ -46,7 +56,14 @@ class Session:
 
     @classmethod
     async def open_session(
-        cls, http: aiohttp.ClientSession, url: str, config: dict[str, Any], *, headers: dict[str, str], timeout: float
+        cls,
+        http: aiohttp.ClientSession,
+        url: str,
+        config: dict[str, Any],
+        *,
+        headers: dict[str, str],
+        timeout: float,
+        on_cancelled: Callable[[dict[str, Any]], None] | None = None,
     ) -> Session:
         ws = await asyncio.wait_for(http.ws_connect(url, headers=headers), timeout)
         try:
@@ -58,7 +75,7 @@ class Session:
         except BaseException:
             await ws.close()
             raise
-        return cls(ws, event)
+        return cls(ws, event, on_cancelled)
 
     @property
     def alive(self) -> bool:
@@ -107,11 +124,13 @@ class Session:
         queue = self._queues.get(context_id) if context_id else None
         if queue is not None:
             queue.put_nowait(event)
+        elif event["type"] == "input.cancelled" and self.on_cancelled is not None:
+            self.on_cancelled(event)
         elif event["type"] == "error" and not context_id:
             logger.warning("speech server error: %s", event.get("message"))
 
     async def _keep_alive(self) -> None:
         while not self.ws.closed:
-            await asyncio.sleep(KEEPALIVE_INTERVAL_S)
+            await asyncio.sleep(self.keepalive_every)
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await self.send({"type": "session.keepalive"})

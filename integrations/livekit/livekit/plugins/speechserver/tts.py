@@ -9,6 +9,8 @@ start of the stream's audio, for the synchronised transcript (`aligned_transcrip
 An interruption closes the stream (LiveKit cancels it): the plugin sends `input.cancel` for the
 context, the server stops it within one audio frame, and the session goes back to the pool for the
 next stream, with nothing of the cancelled context left to arrive on it (session.py drops it).
+The TTS then emits `context_cancelled` with the server's `input.cancelled` (what it estimates
+was heard: `spoken_text`, `unspoken_text`).
 """
 
 from __future__ import annotations
@@ -109,9 +111,15 @@ class TTS(tts.TTS):
         if self._http is None:
             self._http = utils.http_context.http_session()
         headers = {"Authorization": f"Bearer {self._opts.api_key}"} if self._opts.api_key else {}
+        config = self._opts.session_config()
         return await Session.open_session(
-            self._http, self._opts.url, self._opts.session_config(), headers=headers, timeout=timeout
+            self._http, self._opts.url, config, headers=headers, timeout=timeout, on_cancelled=self._cancelled
         )
+
+    def _cancelled(self, event: dict[str, Any]) -> None:
+        """An interrupted stream's context, as the server stopped it: `context_cancelled` with its
+        `input.cancelled` (`spoken_text`: what was played by its estimate, `unspoken_text`)."""
+        self.emit("context_cancelled", event)
 
     async def _close(self, session: Session) -> None:
         await session.aclose()
@@ -191,7 +199,8 @@ class SynthesizeStream(tts.SynthesizeStream):
         super().__init__(tts=tts, conn_options=conn_options)
         self._tts: TTS = tts
         self.context_id = utils.shortuuid("ctx_")
-        self.cancelled: dict[str, Any] | None = None  # the server's input.cancelled, after an interruption
+        self.session_id: str | None = None  # the server session the stream ran on
+        self.cancelled: dict[str, Any] | None = None  # input.cancelled, when the server cancelled it (REST, admin)
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
         output_emitter.initialize(
@@ -205,6 +214,7 @@ class SynthesizeStream(tts.SynthesizeStream):
             session = await self._tts._pool.get(timeout=self._conn_options.timeout)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
             raise APIConnectionError(f"cannot open a speech server session: {e}") from e
+        self.session_id = session.configured["session_id"]
         queue = session.open(self.context_id)
         finished = False
         try:
