@@ -419,11 +419,11 @@ async def test_server_cancel_when_idle_is_answered_like_a_client_cancel(speech):
     s = await speech(engine, stream_audio=True)
     sid = s.configured["session_id"]
     await s.session.handle_signal(control.message(control.CANCEL, sid))  # nothing ever spoken
-    assert await s.t.event() == cancelled_event(sid, 0, 0)
+    assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 0)
     await s.text("Only one. ")
     await s.t.until("audio.done")
     await s.session.handle_signal(control.message(control.CANCEL, sid))  # spoken and finished
-    assert await s.t.event() == cancelled_event(sid, 0, 1)
+    assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 1)
     await s.text("Again. ")
     done = (await s.t.until("audio.done"))[-1][1]
     assert done["sentence_index"] == 1 and done["cancelled"] is False
@@ -445,10 +445,10 @@ async def test_server_cancel_issued_before_the_current_speech_cuts_nothing(speec
     await s.t.binary()
     await s.t.binary()  # the first chunk is two frames; the rest is held
     await s.session.handle_signal(stale)  # answered, cutting nothing
-    assert await s.t.event() == cancelled_event(sid, 0, 2)
+    assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 2)
     older = dict(control.message(control.CANCEL, sid), issued_at=stale["issued_at"] - 3600)
     await s.session.handle_signal(older)
-    assert await s.t.event() == cancelled_event(sid, 0, 2)
+    assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 2)
     await s.barrier()
     engine.allow(2)
     items = await s.t.until("audio.done")
@@ -481,7 +481,7 @@ async def test_late_cancel_does_not_clear_new_buffered_text(speech):
     await s.send({"type": "input.commit"})
     items = await s.t.until("input.committed")
     assert [v.get("type") for k, v in items] == ["input.cancelled", "input.committed"], items
-    assert items[0][1] == cancelled_event(sid, 0, 1)
+    assert without_heard(items[0][1]) == cancelled_event(sid, 0, 1)
     assert items[-1][1]["segment_sentences"] == 1
     await s.t.event("audio.start", sentence_text="The next answer is still stream")
     await s.finish()
@@ -494,7 +494,7 @@ async def test_a_cancel_without_a_usable_issued_at_is_current(speech, issued_at)
     s, engine, sid, sent = await speaking(speech)
     await s.session.handle_signal({"type": "speech.cancel", "session_id": sid, "issued_at": issued_at})
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)
-    assert await s.t.event() == cancelled_event(sid, 3, 1)
+    assert without_heard(await s.t.event()) == cancelled_event(sid, 3, 1)
     await s.barrier()
     await s.finish()
 

@@ -310,8 +310,9 @@ async def test_a_result_whose_listener_has_audio_in_hand_goes_out_at_the_next_jo
     first, later = await finish_then_run(pool, Ticket(deadline=time.monotonic() + LISTENER_HAS_AUDIO), following)
     assert not first.future.done()  # held while the next job works on its text
     following.before.release.set()
-    assert await asyncio.wait_for(pool.wait(first), GUARD_S) == "first"  # the next job is still running
-    assert following.after.started.is_set() and not later.future.done()
+    assert await asyncio.wait_for(pool.wait(first), GUARD_S) == "first"  # handed over at the release point
+    await wait_started(following.after)  # the thread went on past it: it did not wait for the loop
+    assert not later.future.done()
     following.after.release.set()
     assert await asyncio.wait_for(pool.wait(later), GUARD_S) == "done"
 

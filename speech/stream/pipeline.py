@@ -34,7 +34,7 @@ from .contexts import Context, Contexts
 from .errors import SpeechError, bad_request, server_error
 from .events import AudioDone, AudioStart, AudioTimestamps, ContextDone, Word
 from .render import Audio, render_segment, start_segment
-from .utterance import Record, WordTime
+from .utterance import Record, Utterance, WordTime
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -472,6 +472,13 @@ class Pipeline:
         self._start_producers()
         self.resume()
         return len(jobs)
+
+    def drop_unplayed(self, utterance: Utterance) -> None:
+        """A cancelled utterance's audio not played yet is dropped by the client: later audio plays
+        that much sooner (what was heard, and the deadlines of the next segments)."""
+        now = time.monotonic()
+        unplayed = min(utterance.sent_ms / 1000, max(0.0, utterance.played_out_at - now))
+        self._played_out_at = max(now, self._played_out_at - unplayed)
 
     async def aclose(self) -> None:
         """The client is gone: abort all work, send nothing."""

@@ -184,7 +184,7 @@ class SpeechSession:
                 await self.terminate(reason if isinstance(reason, str) and reason else TERMINATED_MESSAGE)
             elif kind == "speech.cancel":
                 if self._issued_before_utterance(message.get("issued_at")):
-                    await self._send_cancelled(0, "server", self._speaking(), None, [])
+                    await self._send_cancelled(0, "server", self._speaking(), None, [], cut=False)
                 else:
                     await self._on_cancel({"type": "input.cancel"}, origin="server")
                 self._arm_idle()
@@ -342,15 +342,19 @@ class SpeechSession:
         unsaid: list[str],
         *,
         context_id: str | None = None,
+        cut: bool = True,
     ) -> None:
         """input.cancelled with what the listener heard of `context`'s utterance: `played_ms` from the
-        client, or the server's estimate of real-time playback."""
+        client, or the server's estimate of real-time playback. A cancel that `cut` it means the
+        client stops playing it."""
         utterance = context.utterance if context is not None else Utterance()
         source: Literal["client", "estimate"] = "client" if played_ms is not None and origin == "client" else "estimate"
         if source == "estimate":
             played_ms = utterance.played_estimate_ms(time.monotonic())
         played = min(float(played_ms), utterance.sent_ms)  # type: ignore[arg-type]  # set above
         spoken, unspoken = utterance.heard(played)
+        if cut:
+            self.pipeline.drop_unplayed(utterance)
         metrics.CANCELS.labels(origin).inc()
         await self.transport.send_json(
             InputCancelled(
