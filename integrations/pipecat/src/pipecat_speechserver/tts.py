@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
-from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppedFrame
+from pipecat.frames.frames import ErrorFrame, Frame, InterruptionFrame, TTSAudioRawFrame, TTSStoppedFrame
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessorSetup
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSService
@@ -54,7 +54,8 @@ class _Context:
     segment_offset_s: float = 0.0  # where the current segment starts in the context's audio
     pushed_s: float = 0.0  # audio handed downstream (towards the transport)
     first_push_ns: int | None = None  # clock time of the first audio handed downstream
-    cancelled: dict[str, Any] = field(default_factory=dict)  # its input.cancelled, once cancelled
+    completed: bool = False  # all its audio went downstream; the transport may still be playing it
+    cancel_sent: bool = False  # input.cancel went; its input.cancelled ends it
 
 
 class SpeechServerTTSService(WebsocketTTSService):
@@ -219,7 +220,9 @@ class SpeechServerTTSService(WebsocketTTSService):
         try:
             if not self._websocket or self._websocket.state is State.CLOSED:
                 await self._connect()
-            self._contexts.setdefault(context_id, _Context())
+            if context_id not in self._contexts:
+                self._forget_played()
+                self._contexts[context_id] = _Context()
             await self._send({"type": "input.text", "text": text, "context_id": context_id})
             if not self._is_streaming_tokens:  # a whole sentence: speak it now, do not wait for more
                 await self._send({"type": "input.commit", "context_id": context_id})
@@ -238,14 +241,29 @@ class SpeechServerTTSService(WebsocketTTSService):
     async def on_audio_context_interrupted(self, context_id: str) -> None:
         """Cancel the interrupted turn on the server, saying how much of it was played."""
         await self.stop_all_metrics()
-        context = self._contexts.get(context_id)
-        if context is not None and self._websocket is not None:
-            cancel = {"type": "input.cancel", "context_id": context_id, "played_ms": round(self._played_ms(context), 1)}
-            try:
-                await self._send(cancel)
-            except Exception as e:  # the receive loop reports a lost connection
-                logger.warning(f"{self} could not cancel context {context_id}: {e}")
+        await self._cancel(context_id)
         await super().on_audio_context_interrupted(context_id)
+
+    async def _handle_interruption(self, frame: InterruptionFrame, direction: FrameDirection) -> None:
+        """Also cancel the turns whose audio all went to the transport, which is still playing it
+        (the server sends audio faster than real time): their context is over on the server, but
+        its `input.cancelled` says what was heard, and the context is closed for good."""
+        playing_out = [cid for cid, c in self._contexts.items() if c.completed and self._played_ms(c) < 1000 * c.pushed_s]
+        await super()._handle_interruption(frame, direction)
+        for context_id in playing_out:
+            await self._cancel(context_id)
+        for context_id in [cid for cid, c in self._contexts.items() if c.completed and not c.cancel_sent]:
+            del self._contexts[context_id]
+
+    async def _cancel(self, context_id: str) -> None:
+        context = self._contexts.get(context_id)
+        if context is None or context.cancel_sent or self._websocket is None:
+            return
+        context.cancel_sent = True
+        try:
+            await self._send({"type": "input.cancel", "context_id": context_id, "played_ms": round(self._played_ms(context), 1)})
+        except Exception as e:  # the receive loop reports a lost connection
+            logger.warning(f"{self} could not cancel context {context_id}: {e}")
 
     def _played_ms(self, context: _Context) -> float:
         """Audio of the context played so far: real time since its first audio went to the
@@ -264,8 +282,14 @@ class SpeechServerTTSService(WebsocketTTSService):
         await super().push_frame(frame, direction)
 
     async def on_audio_context_completed(self, context_id: str) -> None:
-        self._contexts.pop(context_id, None)
+        if context_id in self._contexts:
+            self._contexts[context_id].completed = True
         await super().on_audio_context_completed(context_id)
+
+    def _forget_played(self) -> None:
+        """Turns played to their end are over: nothing more can come of them."""
+        for context_id in [cid for cid, c in self._contexts.items() if c.completed and self._played_ms(c) >= 1000 * c.pushed_s]:
+            del self._contexts[context_id]
 
     # -- events in -------------------------------------------------------------------------------
 
@@ -304,7 +328,6 @@ class SpeechServerTTSService(WebsocketTTSService):
             await self.append_to_audio_context(context_id, TTSStoppedFrame(context_id=context_id))
             await self.remove_audio_context(context_id)
         elif kind == "input.cancelled" and context is not None:
-            context.cancelled = event
             self._contexts.pop(context_id, None)
             await self._call_event_handler("on_context_cancelled", event)
         elif kind == "error":
