@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S, MAX_FRAME_S
+from speech.stream.frames import FIRST_FRAME_S, FRAME_S, MAX_FRAME_S
 from tests.support.heard import without_heard
 from tests.support.live import (
     audio_past,

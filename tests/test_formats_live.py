@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from scipy.signal import resample_poly
 
-from speech.stream.pipeline import FIRST_FRAME_S, MAX_FRAME_S
+from speech.stream.frames import FIRST_FRAME_S, MAX_FRAME_S
 from tests.support.live import run_session, segments_of, serving
 from tests.support.sessions import assert_healthy
 from tests.support.speech_check import WHISPER_RATE, normalise, transcribe, wer

@@ -9,7 +9,8 @@ import pytest
 
 from speech.audio.codecs import RawEncoder
 from speech.engines.fake import FakeEngine
-from speech.stream.pipeline import FIRST_FRAME_S, FRAME_S, LOOKAHEAD, MAX_FRAME_S, Pipeline
+from speech.stream.frames import FIRST_FRAME_S, FRAME_S, MAX_FRAME_S
+from speech.stream.pipeline import LOOKAHEAD, Pipeline
 from speech.stream.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
@@ -497,10 +498,11 @@ async def test_the_segment_being_delivered_is_due_when_its_client_runs_out_of_au
     """Its ticket's deadline orders the engine's queue (speech/engines/pool.py): a segment is due when
     the client will have played the audio sent before it, or when its text came if that is later, and
     every frame sent of it pushes its further jobs back by the frame's length."""
-    from speech.stream import pipeline as module
+    from speech.stream import job, pipeline
 
     clock = Clock(100.0)
-    monkeypatch.setattr(module, "time", clock)
+    monkeypatch.setattr(pipeline, "time", clock)
+    monkeypatch.setattr(job, "time", clock)
     engine, t = GatedEngine(chunk_s=1.0, chunks=2), Recorder()
     pipeline, idle = make_pipeline(engine, t)
     pipeline.enqueue("One.")

@@ -335,3 +335,17 @@ async def test_input_done_for_an_unknown_context_answers_at_once(speech):
     await s.send({"type": "input.text", "text": "Hi. ", "context_id": "never-used"})
     assert (await s.t.event("error"))["message"] == "context 'never-used' is closed"
     await s.finish()
+
+
+async def test_a_control_plane_cancel_estimates_what_was_heard_of_the_speaking_context(speech):
+    """A REST or admin cancel (speech.cancel on the channel layer) has no client figure: the estimate,
+    about the context that was speaking."""
+    s = await speech(FakeEngine(chunks=4), stream_audio=True)
+    await s.send({"type": "input.text", "text": "The speaking turn. ", "context_id": "live"})
+    await segment(s)
+    await s.session.handle_signal({"type": "speech.cancel", "session_id": s.configured["session_id"]})
+    cancelled = await s.t.event("input.cancelled", origin="server", context_id="live")
+    assert cancelled["played_ms_source"] == "estimate"
+    assert 0 <= cancelled["played_ms"] <= 4 * CHUNK_BYTES / 2 / RATE * 1000
+    assert f"{cancelled['spoken_text']} {cancelled['unspoken_text']}".split() == "The speaking turn.".split()
+    await s.finish()

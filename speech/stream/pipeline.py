@@ -21,20 +21,21 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import metrics
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..engines.base import Alignment
-from ..engines.pool import Ticket
 from .contexts import Context, Contexts
 from .errors import SpeechError, bad_request, server_error
 from .events import AudioDone, AudioStart, AudioTimestamps, ContextDone, Word
-from .render import Audio, render_segment, start_segment
-from .utterance import Record, Utterance, WordTime
+from .frames import first_frame_samples, frame_sizes
+from .job import END, Job
+from .render import render_segment, start_segment
+from .utterance import Utterance, WordTime
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -44,53 +45,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOOKAHEAD = 1
-FIRST_FRAME_S = 0.04  # a segment's first streamed frame: 40 ms, so that playback starts at once
-FRAME_S = 0.2  # later frames: fewer, larger writes (measured in bench/throughput.py)
-MAX_FRAME_S = 1.0  # later frames up to this while the connection sends that much at once (Pipeline._stream)
-_END = object()
-
-
-class Job:
-    """One segment of a context's text, from its queueing to its audio.done."""
-
-    __slots__ = (
-        "text",
-        "context",
-        "ticket",
-        "chunks",
-        "stream",
-        "producer",
-        "index",
-        "bytes_sent",
-        "sent_s",
-        "words",
-        "done_sent",
-        "queued_at",
-        "started",
-    )
-
-    def __init__(self, text: str, context: Context) -> None:
-        self.text = text
-        self.context = context
-        self.ticket = Ticket(current=False)  # its place in the engine's synthesis queue
-        self.queued_at = time.monotonic()
-        self.chunks: asyncio.Queue[Any] = asyncio.Queue()  # chunks and Alignments, then _END or an exception
-        self.stream: AsyncIterator[Audio] | None = None  # the engine's, started with the producer, until it takes it
-        self.producer: asyncio.Task[None] | None = None
-        self.index: int | None = None  # its sentence index, given when audio.start (or its error) is sent
-        self.bytes_sent = 0
-        self.sent_s = 0.0  # seconds of its audio sent
-        self.words: list[WordTime] | None = None  # its words' times as delivered, once the engine gave them
-        self.done_sent = False
-        self.started = False  # its first frame is sent (streamed), its first chunk is there (files), or it
-        # ended: the next segment may start
-
-    @property
-    def announced(self) -> bool:
-        return self.index is not None
-
-    def record(self, complete: bool) -> Record:
-        return Record(self.text, self.words, self.sent_s * 1000, complete)
 
 
 class Pipeline:
@@ -237,7 +191,7 @@ class Pipeline:
             logger.exception("synthesis failed for a segment of %s", self.session_id)
             job.chunks.put_nowait(server_error("speech synthesis failed"))
         finally:
-            job.chunks.put_nowait(_END)
+            job.chunks.put_nowait(END)
             if not streamed_audio:
                 self._started(job)
 
@@ -245,7 +199,7 @@ class Pipeline:
         """Queue the segment's first frame alone and let delivery send it before the rest of the chunk is
         encoded: encoding a whole sentence first stood between the engine's audio and the first
         frame (bench/RESULTS.md). Returns the rest of the chunk."""
-        head = _first_frame_samples(self.rate)
+        head = first_frame_samples(self.rate)
         if chunk.size <= head:
             return chunk
         job.chunks.put_nowait(encoder.encode(chunk[:head]))
@@ -359,7 +313,7 @@ class Pipeline:
         collected: list[np.ndarray] = []
         alignments: list[Alignment] = []
         failure = None
-        while (item := await job.chunks.get()) is not _END:
+        while (item := await job.chunks.get()) is not END:
             if isinstance(item, SpeechError):
                 failure = item
             elif failure is not None:
@@ -400,26 +354,13 @@ class Pipeline:
         await self._done(job, error=failure is not None, cancelled=False)
 
     async def _stream(self, job: Job, width: int, data: bytes) -> None:
-        """Send one encoded chunk as raw frames: a short first frame for each segment, then FRAME_S frames.
-        A later frame holds more, up to MAX_FRAME_S, when the connection sends that much at once
-        (`Transport.send_room`: a client that reads faster than the audio comes): every frame costs the
-        event loop and the client (bench/RESULTS.md). Frames never outgrow the window, because on
-        loopback a write larger than it may wait seconds (speech/web/tcpwindow.py); a client that falls
-        behind gets FRAME_S frames."""
+        """Send one encoded chunk as binary frames (frames.py)."""
         if not job.announced:
             await self._start(job)
         at = 0
-        if job.bytes_sent == 0:
-            at = _first_frame_samples(self.rate) * width
-            await self._send_audio(job, data[:at], at / width / self.rate)
-        step = max(1, int(self.rate * FRAME_S)) * width
-        largest = max(1, int(self.rate * MAX_FRAME_S)) * width
-        while at < len(data):
-            room = self.transport.send_room() if len(data) - at > step else 0  # else one FRAME_S frame holds the rest
-            size = min(largest, room - room % width) if room > step else step
-            frame = data[at : at + size]
-            at += len(frame)
-            await self._send_audio(job, frame, len(frame) / width / self.rate)
+        for size in frame_sizes(len(data), width, self.rate, first=job.bytes_sent == 0, room=self.transport.send_room):
+            await self._send_audio(job, data[at : at + size], size / width / self.rate)
+            at += size
 
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
@@ -483,7 +424,3 @@ class Pipeline:
     async def aclose(self) -> None:
         """The client is gone: abort all work, send nothing."""
         await self._stop()
-
-
-def _first_frame_samples(rate: int) -> int:
-    return max(1, int(rate * FIRST_FRAME_S))

@@ -16,9 +16,8 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import metrics
 from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -28,11 +27,11 @@ from .errors import (
     SpeechError,
     fatal,
 )
+from .cancel import Canceller, Origin
 from .contexts import Context, Contexts
-from .events import InputCancelled, InputCommitted, SessionConfigured, SessionDone
+from .events import InputCommitted, SessionConfigured, SessionDone
 from .messages import InputCancel, InputDone, InputText, InputCommit
 from .pipeline import Pipeline
-from .utterance import Utterance
 from .protocol import (
     parse_in_thread,
     parse_message,
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Origin = Literal["client", "server"]  # who asked for a cancel: input.cancel, or the control plane
 CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
 
 
@@ -107,6 +105,7 @@ class SpeechSession:
         self.config: SessionConfig = None  # type: ignore[assignment]
         self.contexts: Contexts = None  # type: ignore[assignment]
         self.pipeline: Pipeline = None  # type: ignore[assignment]  # None until then, and _end() checks
+        self.canceller: Canceller = None  # type: ignore[assignment]
         self.closed = asyncio.Event()  # set once the session has ended, by either side
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[Any]] = set()  # fatal-error and finishing tasks, awaited on close
@@ -184,7 +183,7 @@ class SpeechSession:
                 await self.terminate(reason if isinstance(reason, str) and reason else TERMINATED_MESSAGE)
             elif kind == "speech.cancel":
                 if self._issued_before_utterance(message.get("issued_at")):
-                    await self._send_cancelled(0, "server", self._speaking(), None, [], cut=False)
+                    await self.canceller.answer_stale()
                 else:
                     await self._on_cancel({"type": "input.cancel"}, origin="server")
                 self._arm_idle()
@@ -216,6 +215,7 @@ class SpeechSession:
             on_crash=self._on_pipeline_crash,
             contexts=self.contexts,
         )
+        self.canceller = Canceller(self.session_id, self.transport, self.contexts, self.pipeline, self._total)
         self.state = State.ACTIVE
         if self.on_configured is not None:
             await self.on_configured(self)
@@ -289,86 +289,8 @@ class SpeechSession:
 
     async def _on_cancel(self, payload: dict[str, Any], origin: Origin = "client") -> None:
         message = InputCancel.read(payload, close_code=None)
-        if message.context_id is None:
-            await self._cancel_all(message.played_ms, origin)
-        else:
-            await self._cancel_context(message.context_id, message.played_ms, origin)
+        await self.canceller.cancel(message.context_id, message.played_ms, origin)
         self._on_pipeline_idle()
-
-    async def _cancel_all(self, played_ms: float | None, origin: Origin) -> None:
-        """Every context is cut; the heard text is the one that was speaking's (or next to speak)."""
-        reported = self._speaking()
-        unsaid = self._unsaid(reported)
-        cancelled = await self.pipeline.cancel()
-        await self._send_cancelled(cancelled, origin, reported, played_ms, unsaid)
-        for context in list(self.contexts):
-            self._reset(context)
-
-    def _speaking(self) -> Context:
-        """The context whose audio is playing, or is next to play."""
-        return self.contexts.head() or self.contexts.default
-
-    async def _cancel_context(self, context_id: str, played_ms: float | None, origin: Origin) -> None:
-        context = self.contexts.find(context_id)
-        if context is None:  # never made, or already closed: nothing to cut; what was heard if known
-            ended = self.contexts.ended(context_id)
-            await self._send_cancelled(0, origin, ended, played_ms, [], context_id=context_id)
-            return
-        unspoken = self._unsaid(context)
-        cancelled = await self.pipeline.cancel(context)
-        await self._send_cancelled(cancelled, origin, context, played_ms, unspoken)
-        self._reset(context)
-        self.pipeline.resume()  # the next context speaks now
-
-    def _unsaid(self, context: Context) -> list[str]:
-        """The text a context accepted that has no audio out yet: queued segments and its buffer."""
-        queued = [job.text for job in self.pipeline.jobs if job.context is context and not job.announced]
-        return [*queued, context.segmenter.pending_text]
-
-    def _reset(self, context: Context) -> None:
-        """After its cancel: a named context is closed; the default one starts a new utterance."""
-        context.segmenter.clear()
-        if context.named:
-            self.contexts.close(context)
-        else:
-            context.utterance = Utterance()
-
-    async def _send_cancelled(
-        self,
-        cancelled: int,
-        origin: Origin,
-        context: Context | None,
-        played_ms: float | None,
-        unsaid: list[str],
-        *,
-        context_id: str | None = None,
-        cut: bool = True,
-    ) -> None:
-        """input.cancelled with what the listener heard of `context`'s utterance: `played_ms` from the
-        client, or the server's estimate of real-time playback. A cancel that `cut` it means the
-        client stops playing it."""
-        utterance = context.utterance if context is not None else Utterance()
-        source: Literal["client", "estimate"] = "client" if played_ms is not None and origin == "client" else "estimate"
-        if source == "estimate":
-            played_ms = utterance.played_estimate_ms(time.monotonic())
-        played = min(float(played_ms), utterance.sent_ms)  # type: ignore[arg-type]  # set above
-        spoken, unspoken = utterance.heard(played)
-        if cut:
-            self.pipeline.drop_unplayed(utterance)
-        metrics.CANCELS.labels(origin).inc()
-        await self.transport.send_json(
-            InputCancelled(
-                session_id=self.session_id,
-                context_id=context.id if context is not None else context_id,
-                cancelled_sentences=cancelled,
-                total_sentences=self._total(context) if context is not None else 0,
-                origin=origin,
-                played_ms=round(played, 1),
-                played_ms_source=source,
-                spoken_text=spoken,
-                unspoken_text=" ".join(part for part in [*unspoken, *unsaid] if part),
-            ).dump()
-        )
 
     async def _on_keepalive(self, payload: dict[str, Any]) -> None:
         """Only resets the idle timer, which every frame does."""
