@@ -87,8 +87,8 @@ async def test_an_interruption_cancels_the_context_and_the_next_stream_reuses_th
         seen.set()
 
     first = tts.stream()
-    first.push_text(LONG)
-    first.end_input()
+    for token in tokens(LONG):  # the language model is still talking: the context stays open
+        first.push_text(token)
     heard = 0.0
     async with asyncio.timeout(WAIT_S):
         async for event in first:

@@ -10,7 +10,9 @@ An interruption closes the stream (LiveKit cancels it): the plugin sends `input.
 context, the server stops it within one audio frame, and the session goes back to the pool for the
 next stream, with nothing of the cancelled context left to arrive on it (session.py drops it).
 The TTS then emits `context_cancelled` with the server's `input.cancelled` (what it estimates
-was heard: `spoken_text`, `unspoken_text`).
+was heard: `spoken_text`, `unspoken_text`). A stream whose context the server had already finished
+(`context.done`) has nothing left to stop: LiveKit's own transcript synchroniser knows what was
+played of it.
 """
 
 from __future__ import annotations
@@ -198,11 +200,12 @@ class SynthesizeStream(tts.SynthesizeStream):
     def __init__(self, *, tts: TTS, conn_options: APIConnectOptions) -> None:
         super().__init__(tts=tts, conn_options=conn_options)
         self._tts: TTS = tts
-        self.context_id = utils.shortuuid("ctx_")
+        self.context_id = ""  # the protocol context of the current attempt (a retry takes a new one)
         self.session_id: str | None = None  # the server session the stream ran on
         self.cancelled: dict[str, Any] | None = None  # input.cancelled, when the server cancelled it (REST, admin)
 
     async def _run(self, output_emitter: tts.AudioEmitter) -> None:
+        self.context_id = utils.shortuuid("ctx_")
         output_emitter.initialize(
             request_id=self.context_id,
             sample_rate=self._tts.sample_rate,
