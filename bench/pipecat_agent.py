@@ -2,14 +2,16 @@
 
     .venv-integrations/bin/python bench/pipecat_agent.py [--rounds 20] [--interruptions 50]
 
-1. First audio: from the first text frame of a turn queued into a Pipecat pipeline (the harness of
-   integrations/pipecat/tests: Pipecat's output transport playing in real time) to the first audio
-   frame reaching the transport, against a bare WebSocket client sending the same text on a session
-   of its own, rounds interleaved on one daphne. Target: Pipecat's p50 within 5 ms of the bare p50.
+1. First audio: from a turn's text frame reaching the service in a Pipecat pipeline (the harness
+   of integrations/pipecat/tests: Pipecat's output transport playing in real time) to its first
+   audio frame leaving the service for the transport, against a bare WebSocket client sending the
+   same text on a session of its own (send to first binary frame), rounds interleaved on one
+   daphne. Target: Pipecat's p50 within 5 ms of the bare p50.
 2. Interruptions at random moments (uniform in 0.2-3 s of played audio): stale frames (audio of the
    interrupted turn reaching the transport after the interruption did; target 0) and how often the
    assistant context aggregator's text equals the words heard (those whose end, by the server's word
-   timestamps, the transport had played when the interruption reached it; target >= 98 %).
+   timestamps, the transport had played when the interruption reached it: it plays at its sample
+   rate from the start of the turn's audio; target >= 98 %).
 
 Writes its section of bench/RESULTS.md.
 """
@@ -30,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "integrations" / "pipecat" / "tests"), str(ROOT / "bench")]
 
 from harness import Bot  # noqa: E402
-from pipecat.frames.frames import InterruptionFrame, OutputAudioRawFrame, TTSAudioRawFrame  # noqa: E402
+from pipecat.frames.frames import InterruptionFrame, LLMTextFrame, OutputAudioRawFrame, TTSAudioRawFrame  # noqa: E402
 from report import header, write_section  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
@@ -51,12 +53,14 @@ def words(text: str) -> list[str]:
 
 
 async def pipecat_first_audio(bot: Bot) -> float:
+    """From the turn's text frame reaching the service to its first audio frame leaving it."""
     began = time.perf_counter()
     await bot.say([TEXT])
     context_id = await bot.into.wait_for(bot.first_audio_context(after=began))
+    text = next(s.at for s in bot.text.seen if s.at >= began and isinstance(s.frame, LLMTextFrame))
     first = bot.into.of(TTSAudioRawFrame, context_id)[0].at
     await bot.played.wait_for(bot.turn_done(context_id))
-    return first - began
+    return first - text
 
 
 async def bare_first_audio(ws, round_index: int) -> float:
@@ -123,12 +127,9 @@ async def interruptions(url: str, count: int, seed: int) -> dict:
             stale += sum(
                 isinstance(s.frame, TTSAudioRawFrame) and s.frame.context_id == context_id for s in bot.into.seen[into_cut:]
             )
-            played_cut = next(s.at for s in bot.played.seen if s.at >= began and isinstance(s.frame, InterruptionFrame))
-            played_s = sum(
-                len(s.frame.audio) / (2 * s.frame.sample_rate)
-                for s in bot.played.seen
-                if began <= s.at < played_cut and isinstance(s.frame, OutputAudioRawFrame)
-            )
+            # the audio heard: the transport plays at its sample rate from the turn's first audio
+            transport = bot.transport
+            played_s = transport.interrupted_at[-1] - min(t for t in transport.runs if t >= began)
             heard = heard_words(bot, context_id, played_s)
             equal += words(turn.content) == heard
             server_equal += words(turn.content) == words(cancelled["spoken_text"])

@@ -1,11 +1,11 @@
 """A real Pipecat pipeline around SpeechServerTTSService, for the tests and bench/pipecat_agent.py:
 
-    tts -> into (probe) -> PacedOutputTransport -> played (probe) -> assistant context aggregator
+    text (probe) -> tts -> into (probe) -> PacedOutputTransport -> played (probe) -> assistant aggregator
 
 PacedOutputTransport is Pipecat's BaseOutputTransport with a write that takes as long as the audio
 lasts, as a real-time transport (WebRTC, telephony) does, so that frames after it are "played".
 `into` sees what reaches the transport, `played` what it has played (word frames come out of the
-transport's clock queue at their presentation time).
+transport's clock queue at their presentation time), `text` what reaches the service.
 """
 
 from __future__ import annotations
@@ -42,14 +42,32 @@ WAIT_S = 60.0  # hang guard: every wait ends on an event the pipeline produces o
 
 
 class PacedOutputTransport(BaseOutputTransport):
-    """An output transport that plays audio in real time (and discards it)."""
+    """An output transport that plays audio in real time (and discards it), as a sound device does:
+    at its sample rate from the moment it started, late wake-ups not adding up. `runs` are the
+    times playing started after silence; `interrupted_at` when interruptions reached it."""
+
+    def __init__(self, params: TransportParams) -> None:
+        super().__init__(params)
+        self.play_until = 0.0
+        self.runs: list[float] = []
+        self.interrupted_at: list[float] = []
 
     async def start(self, frame: StartFrame) -> None:
         await super().start(frame)
         await self.set_transport_ready(frame)
 
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, InterruptionFrame):
+            self.interrupted_at.append(time.perf_counter())
+        await super().process_frame(frame, direction)
+
     async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
-        await asyncio.sleep(len(frame.audio) / (2 * frame.sample_rate * frame.num_channels))
+        now = time.perf_counter()
+        if now >= self.play_until:
+            self.play_until = now
+            self.runs.append(now)
+        self.play_until += len(frame.audio) / (2 * frame.sample_rate * frame.num_channels)
+        await asyncio.sleep(self.play_until - now)
         return True
 
 
@@ -114,11 +132,11 @@ class Bot:
     def __init__(self, url: str, *, sample_rate: int = 24000, **service_args: object) -> None:
         self.tts = RecordingService(url=url, sample_rate=sample_rate, **service_args)
         self.transport = PacedOutputTransport(TransportParams(audio_out_enabled=True, audio_out_sample_rate=sample_rate))
-        self.into, self.played = Probe("into-transport"), Probe("played")
+        self.text, self.into, self.played = Probe("into-tts"), Probe("into-transport"), Probe("played")
         self.context = LLMContext()
         self.aggregators = LLMContextAggregatorPair(self.context)
         assistant = self.aggregators.assistant()
-        pipeline = Pipeline([self.tts, self.into, self.transport, self.played, assistant])
+        pipeline = Pipeline([self.text, self.tts, self.into, self.transport, self.played, assistant])
         self.worker = PipelineWorker(
             pipeline, params=PipelineParams(audio_out_sample_rate=sample_rate), cancel_on_idle_timeout=False
         )

@@ -10,8 +10,9 @@ turn (no reconnect), and `session.keepalive` keeps an idle socket open.
 
 Word timestamps (`timestamps: "word"`) become Pipecat's word frames. Each word is timed at its
 end: the output transport releases a word to the assistant context aggregator only once the word
-has been played, so after an interruption the context holds the words the user heard, and the
-server's `spoken_text` (the words whose end was reached) says the same.
+has been played, so after an interruption the context holds the words the user heard. `played_ms`
+is measured from the same base as the word frames' times, so the server's `spoken_text` (the words
+whose end was reached) names the same words.
 
 Built on Pipecat's `WebsocketTTSService`, the base that `AudioContextWordTTSService` became
 (deprecated since pipecat-ai 0.0.105): audio contexts and word timestamps are part of it.
@@ -36,10 +37,6 @@ DEFAULT_URL = "ws://127.0.0.1:8000/v1/audio/speech/stream"
 # The server closes a session after 30 s without a client frame while nothing is generating.
 KEEPALIVE_INTERVAL_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
-# A word frame is released this long after its word ends: past asyncio's early timer wake-ups
-# (up to a millisecond), so when the aggregator has a word, `played_ms` at a later interruption
-# has passed the word's end too and the server's spoken_text includes it.
-WORD_HEARD_MARGIN_S = 0.01
 
 
 class SpeechServerError(Exception):
@@ -53,7 +50,7 @@ class _Context:
     audio_bytes: int = 0  # received so far: the next segment's words start after them
     segment_offset_s: float = 0.0  # where the current segment starts in the context's audio
     pushed_s: float = 0.0  # audio handed downstream (towards the transport)
-    first_push_ns: int | None = None  # clock time of the first audio handed downstream
+    started_ns: int | None = None  # clock time its audio started: the base of its word frames' times
     completed: bool = False  # all its audio went downstream; the transport may still be playing it
     cancel_sent: bool = False  # input.cancel went; its input.cancelled ends it
 
@@ -266,18 +263,25 @@ class SpeechServerTTSService(WebsocketTTSService):
             logger.warning(f"{self} could not cancel context {context_id}: {e}")
 
     def _played_ms(self, context: _Context) -> float:
-        """Audio of the context played so far: real time since its first audio went to the
-        transport, never more than what went."""
-        if context.first_push_ns is None:
+        """Audio of the context played so far: real time since its audio started, never more than
+        went downstream. Measured from the base of its word frames' times, so a word frame the
+        transport released (at the word's end) is a word `played_ms` has passed too."""
+        if context.started_ns is None:
             return 0.0
-        elapsed_s = (self.get_clock().get_time() - context.first_push_ns) / 1e9
+        elapsed_s = (self.get_clock().get_time() - context.started_ns) / 1e9
         return 1000.0 * max(0.0, min(elapsed_s, context.pushed_s))
+
+    async def start_word_timestamps(self) -> None:
+        """The context's first audio goes downstream: its words are timed from now (or after the
+        previous context's last word, as Pipecat's word timestamp tracker does)."""
+        context = self._contexts.get(self.get_active_audio_context_id() or "")
+        if context is not None and context.started_ns is None:
+            context.started_ns = max(self._word_timestamp_tracker.last_pts, self.get_clock().get_time())
+        await super().start_word_timestamps()
 
     async def push_frame(self, frame: Frame, direction: FrameDirection = FrameDirection.DOWNSTREAM) -> None:
         if isinstance(frame, TTSAudioRawFrame) and frame.context_id in self._contexts:
             context = self._contexts[frame.context_id]
-            if context.first_push_ns is None:
-                context.first_push_ns = self.get_clock().get_time()
             context.pushed_s += len(frame.audio) / (2 * frame.sample_rate * frame.num_channels)
         await super().push_frame(frame, direction)
 
@@ -320,8 +324,7 @@ class SpeechServerTTSService(WebsocketTTSService):
             self._current = None
         elif kind == "audio.timestamps" and context is not None and self.audio_context_available(context_id):
             # Timed at each word's end, from the start of the context's audio (see the module's doc).
-            offset_s = context.segment_offset_s + WORD_HEARD_MARGIN_S
-            words = [(w["word"], offset_s + w["end_ms"] / 1000) for w in event["words"]]
+            words = [(w["word"], context.segment_offset_s + w["end_ms"] / 1000) for w in event["words"]]
             await self.add_word_timestamps(words, context_id)
         elif kind == "context.done" and context is not None:
             await self.stop_ttfb_metrics()
