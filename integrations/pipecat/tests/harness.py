@@ -1,17 +1,19 @@
-"""A real Pipecat pipeline around SpeechServerTTSService, for the tests and bench/pipecat_agent.py:
+"""A real Pipecat pipeline around SpeechServerTTSService, for the tests and bench/pipecat_agent.py,
+shaped as a bot's output side is:
 
-    text (probe) -> tts -> into (probe) -> PacedOutputTransport -> played (probe) -> assistant aggregator
+    tts -> PacedOutputTransport -> assistant context aggregator
 
 PacedOutputTransport is Pipecat's BaseOutputTransport with a write that takes as long as the audio
-lasts, as a real-time transport (WebRTC, telephony) does, so that frames after it are "played".
-`into` sees what reaches the transport, `played` what it has played (word frames come out of the
-transport's clock queue at their presentation time), `text` what reaches the service.
+lasts, as a real-time transport (WebRTC, telephony) does, so that frames after it are "played". An
+observer (no processor of its own, so no extra hop) keeps the frames on each link with the pipeline
+clock's time they were pushed: `text` into the service, `into` from it to the transport, `played`
+from the transport on (word frames come out of its clock queue at their presentation time). Every
+time here is the pipeline clock's, in seconds (`Bot.now()`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,6 +30,7 @@ from pipecat.frames.frames import (
     TTSStoppedFrame,
     TTSTextFrame,
 )
+from pipecat.observers.base_observer import BaseObserver, FramePushed
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
@@ -58,11 +61,11 @@ class PacedOutputTransport(BaseOutputTransport):
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         if isinstance(frame, InterruptionFrame):
-            self.interrupted_at.append(time.perf_counter())
+            self.interrupted_at.append(self.get_clock().get_time() / 1e9)
         await super().process_frame(frame, direction)
 
     async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
-        now = time.perf_counter()
+        now = self.get_clock().get_time() / 1e9
         if now >= self.play_until:
             self.play_until = now
             self.runs.append(now)
@@ -73,24 +76,20 @@ class PacedOutputTransport(BaseOutputTransport):
 
 @dataclass
 class Seen:
-    at: float  # time.perf_counter()
+    at: float  # pipeline clock, seconds
     frame: Frame
 
 
-class Probe(FrameProcessor):
-    """Passes every frame on, keeping the downstream ones with the time they passed."""
+class Link:
+    """The frames pushed downstream over one link of the pipeline, in order."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name=name)
+    def __init__(self) -> None:
         self.seen: list[Seen] = []
         self.changed = asyncio.Event()
 
-    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
-        await super().process_frame(frame, direction)
-        if direction == FrameDirection.DOWNSTREAM:
-            self.seen.append(Seen(time.perf_counter(), frame))
-            self.changed.set()
-        await self.push_frame(frame, direction)
+    def add(self, seen: Seen) -> None:
+        self.seen.append(seen)
+        self.changed.set()
 
     async def wait_for(self, predicate: Callable[[list[Seen]], object], timeout: float = WAIT_S) -> object:
         """The first truthy predicate(seen), waiting for more frames until then."""
@@ -104,13 +103,41 @@ class Probe(FrameProcessor):
         return [s for s in self.seen if isinstance(s.frame, kind) and (context_id is None or s.frame.context_id == context_id)]
 
 
+class Links(BaseObserver):
+    """Files each downstream push under the link it crossed: into the service, into the transport, out of it."""
+
+    def __init__(self, tts: FrameProcessor, transport: FrameProcessor) -> None:
+        super().__init__()
+        self.tts, self.transport = tts, transport
+        self.text, self.into, self.played = Link(), Link(), Link()
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        if data.direction != FrameDirection.DOWNSTREAM:
+            return
+        seen = Seen(data.timestamp / 1e9, data.frame)
+        if data.destination is self.tts:
+            self.text.add(seen)
+        elif data.source is self.tts and data.destination is self.transport:
+            self.into.add(seen)
+        elif data.source is self.transport:
+            self.played.add(seen)
+
+
 class RecordingService(SpeechServerTTSService):
-    """The service, keeping what the server sent for each context: its segments' words and audio bytes."""
+    """The service, keeping what the server sent for each context (its segments' words and audio
+    bytes) and when: its first text went out (`sent_at`) and its first audio came in (`heard_at`)."""
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.segments: dict[str | None, list[dict]] = {}
         self._segment: dict | None = None
+        self.sent_at: dict[str, float] = {}
+        self.heard_at: dict[str, float] = {}
+
+    async def _send(self, message: dict) -> None:
+        if message["type"] == "input.text":
+            self.sent_at.setdefault(message["context_id"], self.get_clock().get_time() / 1e9)
+        await super()._send(message)
 
     async def _event(self, event: dict) -> None:
         if event["type"] == "audio.start":
@@ -123,6 +150,8 @@ class RecordingService(SpeechServerTTSService):
     async def _audio(self, data: bytes) -> None:
         if self._segment is not None:
             self._segment["audio_bytes"] += len(data)
+        if self._current is not None:
+            self.heard_at.setdefault(self._current, self.get_clock().get_time() / 1e9)
         await super()._audio(data)
 
 
@@ -132,13 +161,16 @@ class Bot:
     def __init__(self, url: str, *, sample_rate: int = 24000, **service_args: object) -> None:
         self.tts = RecordingService(url=url, sample_rate=sample_rate, **service_args)
         self.transport = PacedOutputTransport(TransportParams(audio_out_enabled=True, audio_out_sample_rate=sample_rate))
-        self.text, self.into, self.played = Probe("into-tts"), Probe("into-transport"), Probe("played")
+        self.links = Links(self.tts, self.transport)
+        self.text, self.into, self.played = self.links.text, self.links.into, self.links.played
         self.context = LLMContext()
         self.aggregators = LLMContextAggregatorPair(self.context)
         assistant = self.aggregators.assistant()
-        pipeline = Pipeline([self.text, self.tts, self.into, self.transport, self.played, assistant])
         self.worker = PipelineWorker(
-            pipeline, params=PipelineParams(audio_out_sample_rate=sample_rate), cancel_on_idle_timeout=False
+            Pipeline([self.tts, self.transport, assistant]),
+            params=PipelineParams(audio_out_sample_rate=sample_rate),
+            observers=[self.links],
+            cancel_on_idle_timeout=False,
         )
         self.runner = WorkerRunner(handle_sigint=False)
         self.connected = 0
@@ -179,6 +211,10 @@ class Bot:
         await self.worker.queue_frame(EndFrame())
         async with asyncio.timeout(WAIT_S):
             await self.task
+
+    def now(self) -> float:
+        """The pipeline clock, in seconds: every time the harness records is on it."""
+        return self.transport.get_clock().get_time() / 1e9
 
     async def say(self, tokens: list[str]) -> None:
         await self.worker.queue_frames(

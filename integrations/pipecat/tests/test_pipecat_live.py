@@ -94,7 +94,7 @@ async def test_interruption_mid_sentence_keeps_what_was_heard_and_the_next_turn_
 
     # the next turn, at once, on the same socket
     second = "Sure, let me check that for you."
-    began = bot.into.seen[-1].at
+    began = bot.now()
     await bot.say(tokens(second))
     next_id = await bot.into.wait_for(bot.first_audio_context(after=began))
     await bot.played.wait_for(bot.turn_done(next_id))
