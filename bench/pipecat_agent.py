@@ -114,7 +114,7 @@ def heard_words(bot: Bot, context_id: str, played_s: float) -> list[str]:
 async def interruptions(url: str, count: int, seed: int) -> dict:
     rng = random.Random(seed)
     stale = equal = server_equal = 0
-    lags = []  # from the service's first audio frame (the base of word times) to the transport playing it
+    lags = []  # from the service's first audio frame to the transport playing it
     async with Bot(url) as bot:
         for _ in range(count):
             began = bot.now()
@@ -178,9 +178,10 @@ async def main(args: argparse.Namespace) -> None:
         f"({100 * cuts['equal'] / cuts['count']:.0f} %, target >= 98 %: "
         f"{'met' if cuts['equal'] >= 0.98 * cuts['count'] else 'NOT met'}); "
         f"= the server's spoken_text in {cuts['server_equal']}/{cuts['count']}. From the service's first audio "
-        f"frame (the base of its word times) to the transport playing it: p50 {p(cuts['lags'], 50):.1f} ms, "
-        f"p90 {p(cuts['lags'], 90):.1f} ms, max {p(cuts['lags'], 100):.1f} ms; a word ending in that window "
-        "is in the context but not yet heard.",
+        f"frame to the transport playing it: p50 {p(cuts['lags'], 50):.1f} ms, p90 {p(cuts['lags'], 90):.1f} ms, "
+        f"max {p(cuts['lags'], 100):.1f} ms. The service times words from when it expects the transport to play "
+        "(the median of the last 20 lags): a word ending within the lag's deviation from that median is in the "
+        "context but not yet heard, or heard but not yet in it.",
     ]
     print("\n".join(lines))
     write_section(HEADING, "\n".join(lines) + "\n")

@@ -22,12 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
+from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
-from pipecat.frames.frames import ErrorFrame, Frame, InterruptionFrame, TTSAudioRawFrame, TTSStoppedFrame
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    ErrorFrame,
+    Frame,
+    InterruptionFrame,
+    TTSAudioRawFrame,
+    TTSStoppedFrame,
+)
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessorSetup
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import TextAggregationMode, WebsocketTTSService
@@ -37,6 +46,12 @@ DEFAULT_URL = "ws://127.0.0.1:8000/v1/audio/speech/stream"
 # The server closes a session after 30 s without a client frame while nothing is generating.
 KEEPALIVE_INTERVAL_S = 10.0
 HANDSHAKE_TIMEOUT_S = 10.0
+# The output transport starts playing a little after the service hands it a turn's first audio
+# (its queue, its "bot started speaking" work): word frames are timed from when it plays, by the
+# median of the last lags seen, so the context keeps only words played. A longer wait than
+# MAX_START_LAG_S was no start lag (the transport was busy with earlier audio).
+START_LAGS_KEPT = 20
+MAX_START_LAG_S = 0.5
 
 
 class SpeechServerError(Exception):
@@ -118,6 +133,8 @@ class SpeechServerTTSService(WebsocketTTSService):
         self._receive_task: asyncio.Task[None] | None = None
         self._contexts: dict[str, _Context] = {}
         self._current: str | None = None  # the context whose binary frames are arriving
+        self._start_lags: deque[int] = deque(maxlen=START_LAGS_KEPT)  # ns, first audio out -> transport playing
+        self._awaiting_playback: int | None = None  # when the last turn's first audio went out
         self.session_id: str | None = None
         self._register_event_handler("on_context_cancelled")
 
@@ -272,12 +289,30 @@ class SpeechServerTTSService(WebsocketTTSService):
         return 1000.0 * max(0.0, min(elapsed_s, context.pushed_s))
 
     async def start_word_timestamps(self) -> None:
-        """The context's first audio goes downstream: its words are timed from now (or after the
-        previous context's last word, as Pipecat's word timestamp tracker does)."""
+        """The context's first audio goes downstream: its words are timed from when the transport
+        will play it (now, plus its usual start lag), or after the previous context's last word."""
+        now = self.get_clock().get_time()
+        start = now + (int(statistics.median(self._start_lags)) if self._start_lags else 0)
         context = self._contexts.get(self.get_active_audio_context_id() or "")
         if context is not None and context.started_ns is None:
-            context.started_ns = max(self._word_timestamp_tracker.last_pts, self.get_clock().get_time())
-        await super().start_word_timestamps()
+            context.started_ns = max(self._word_timestamp_tracker.last_pts, start)
+            self._awaiting_playback = now
+        for cached in self._word_timestamp_tracker.start(start):  # as the base class does, from `start`
+            await self._add_word_timestamps(
+                [(cached.word, cached.timestamp)],
+                cached.context_id,
+                includes_inter_frame_spaces=cached.includes_inter_frame_spaces,
+            )
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        if isinstance(frame, BotStartedSpeakingFrame) and self._awaiting_playback is not None:
+            lag = self.get_clock().get_time() - self._awaiting_playback
+            if lag <= MAX_START_LAG_S * 1e9:
+                self._start_lags.append(lag)
+            self._awaiting_playback = None
+        elif isinstance(frame, InterruptionFrame):
+            self._awaiting_playback = None
+        await super().process_frame(frame, direction)
 
     async def push_frame(self, frame: Frame, direction: FrameDirection = FrameDirection.DOWNSTREAM) -> None:
         if isinstance(frame, TTSAudioRawFrame) and frame.context_id in self._contexts:
