@@ -12,7 +12,9 @@ Word timestamps (`timestamps: "word"`) become Pipecat's word frames. Each word i
 end: the output transport releases a word to the assistant context aggregator only once the word
 has been played, so after an interruption the context holds the words the user heard. `played_ms`
 is measured from the same base as the word frames' times, so the server's `spoken_text` (the words
-whose end was reached) names the same words.
+whose end was reached) names the same words. The base is when the output transport starts
+playing the turn: the first audio handed to it plus its usual start lag, learnt from its
+BotStartedSpeakingFrame.
 
 Built on Pipecat's `WebsocketTTSService`, the base that `AudioContextWordTTSService` became
 (deprecated since pipecat-ai 0.0.105): audio contexts and word timestamps are part of it.
