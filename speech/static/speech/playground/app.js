@@ -5,6 +5,7 @@
 import { Player } from "./player.js";
 import { NOTHING_TO_SPEAK, describeFailure, describeResponse, insecureContext } from "./messages.js";
 import { Utterance, speakable, wsUrl } from "./utterance.js";
+import { WordView } from "./words.js";
 
 const settings = JSON.parse(document.getElementById("playground-settings").textContent);
 const $ = (id) => document.getElementById(id);
@@ -15,6 +16,7 @@ let utterance = null;
 let lastStop = null;
 const player = new Player(onStats);
 const canPlay = Player.supported; // false outside a secure context: Speak stays off, the page says why
+const words = new WordView($("words"), { box: $("heard"), spoken: $("spoken"), unspoken: $("unspoken") });
 
 function status(text) { $("status").textContent = text; }
 
@@ -62,6 +64,7 @@ const view = {
     const cells = [row.index, row.text, row.ttfa == null ? "" : `${Math.round(row.ttfa)} ms`, `${seconds} s`, row.end];
     cells.forEach((value, i) => { tr.cells[i].textContent = value; });
   },
+  words,
   error: showError,
   hasError: () => !$("error").hidden,
   ended(finished) {
@@ -88,7 +91,14 @@ function onStats(message) {
     status(`Stopped: silent ${Math.round(performance.now() - lastStop)} ms after Stop.`);
     lastStop = null;
   }
+  if (utterance) utterance.finishWhenPlayed();
   if (player.buffered === 0 && (!utterance || utterance.closed)) setStop(false);
+}
+
+// Each displayed frame, the word under the playback position (the AudioContext's clock) is marked.
+function follow() {
+  if (player.rate) words.show((1000 * player.heard()) / player.rate);
+  requestAnimationFrame(follow);
 }
 
 // -- credentials ---------------------------------------------------------------------------------
@@ -167,7 +177,7 @@ async function loadVoices(key) {
 // -- Speak, Stop, Download ------------------------------------------------------------------------
 function config() {
   const session = { response_format: $("format").value, stream_audio: true, split_granularity: $("split").value,
-                    voice: $("voice").value, speed: Number($("speed").value) };
+                    voice: $("voice").value, speed: Number($("speed").value), timestamps: "word" };
   if ($("rate").value) session.sample_rate = Number($("rate").value);
   return session;
 }
@@ -183,6 +193,7 @@ async function speak() {
   }
   if (utterance) utterance.stop();
   $("segments").tBodies[0].replaceChildren();
+  words.reset();
   $("speak").disabled = true;
   $("download").disabled = true;
   status("Connecting…");
@@ -238,14 +249,17 @@ window.playground = {
   get buffered() { return player.buffered; },
   get received() { return player.received; },
   get rate() { return player.rate; },
+  get heardMs() { return player.rate ? (1000 * player.heard()) / player.rate : 0; },
+  get audioContext() { return player.context; },
   get utterance() {
     const u = utterance;
     return u && { closed: u.closed, framesSent: u.framesSent, bytesReceived: u.bytesReceived, bytesAnnounced: u.bytesAnnounced,
                   wordsSent: u.wordsSent, wordsTotal: u.wordsTotal, wordsAtFirstAudio: u.wordsAtFirstAudio,
-                  cancelledSentences: u.cancelledSentences,
+                  cancelledSentences: u.cancelledSentences, playedMs: u.playedMs ?? null, cancelled: u.cancelled ?? null,
                   segments: [...u.segments.values()].map((s) => ({ ...s })) };
   },
   heardWav: () => player.heardWav(),
+  get highlights() { return [...words.highlights]; },
 };
 
 $("speak").addEventListener("click", speak);
@@ -257,6 +271,7 @@ if (!canPlay) {
   showError(insecureContext(location.host));
   status("Cannot play on this page.");
 }
+requestAnimationFrame(follow);
 if (settings.voices) fillVoices(settings.voices);
 else if (settings.requireKey && !settings.staff) { askForKey(); status("Waiting for an API key."); }
 else loadVoices(null);

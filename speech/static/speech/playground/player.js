@@ -3,6 +3,8 @@
 
 import { decodeAlaw, decodeMulaw } from "./g711.js";
 
+const MAX_REPORTS = 64; // about a second of the worklet's reports: more than any output latency
+
 export class Player {
   constructor(onStats) {
     this.onStats = onStats;
@@ -14,6 +16,8 @@ export class Player {
     this.received = 0; // samples
     this.played = 0;
     this.buffered = 0;
+    this.reports = []; // the worklet's last reports: {played, buffered, time}, oldest first
+    this.cleared = []; // resolvers waiting for the worklet to confirm a clear
   }
 
   // Whether this browser can play here: the AudioWorklet exists only in secure contexts.
@@ -43,12 +47,23 @@ export class Player {
     this.received = 0;
     this.played = 0;
     this.buffered = 0;
+    this.reports = [];
     const generation = this.generation;
     return this.ready.then(() => this.node.port.postMessage({ type: "reset", generation }));
   }
 
   get rate() {
     return this.context ? this.context.sampleRate : 0;
+  }
+
+  // Where the next frame's audio begins in the utterance, in ms: a segment's start (audio.start).
+  get queuedMs() {
+    return this.rate ? (1000 * this.received) / this.rate : 0;
+  }
+
+  // Everything received has been played.
+  get idle() {
+    return this.buffered === 0 && this.played === this.received;
   }
 
   // One binary frame of `format` ("pcm", "mulaw", "alaw").
@@ -63,15 +78,34 @@ export class Player {
     return pcm.length;
   }
 
-  // Silence at once: the worklet drops its queue; what was played stays counted.
+  // Silence at once: the worklet drops its queue; what was played stays counted. Resolves to the
+  // samples played when the worklet dropped it (what the listener will have heard).
   clear() {
-    if (this.node) this.node.port.postMessage({ type: "clear" });
+    if (!this.node) return Promise.resolve(this.played);
+    const done = new Promise((resolve) => this.cleared.push(resolve));
+    this.node.port.postMessage({ type: "clear" });
+    return done;
+  }
+
+  // Samples of the current utterance the listener has heard by now: the worklet's reports placed on
+  // the AudioContext's clock at the time the output device is playing (not when audio arrived).
+  heard() {
+    if (!this.context || !this.reports.length) return 0;
+    const stamp = this.context.getOutputTimestamp ? this.context.getOutputTimestamp() : {};
+    const now = stamp.contextTime > 0 ? stamp.contextTime : this.context.currentTime - (this.context.outputLatency || 0);
+    const before = this.reports.filter((r) => r.time <= now);
+    if (!before.length) return Math.max(0, this.reports[0].played - (this.reports[0].time - now) * this.rate);
+    const last = before[before.length - 1];
+    return last.played + Math.min(last.buffered, Math.max(0, (now - last.time) * this.rate));
   }
 
   stats(message) {
+    if (message.reason === "clear") this.cleared.splice(0).forEach((resolve) => resolve(message.played));
     if (message.generation !== this.generation) return;
     this.played = message.played;
     this.buffered = message.buffered;
+    this.reports.push({ played: message.played, buffered: message.buffered, time: message.time });
+    if (this.reports.length > MAX_REPORTS) this.reports.shift();
     this.onStats(message);
   }
 

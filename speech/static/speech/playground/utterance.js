@@ -1,9 +1,13 @@
 // One Speak: a WebSocket session that sends text (at once, or word by word like a language
 // model), plays the audio it gets and measures each segment's time to first audio.
+// The text goes in one named context: its input.done gets context.done and the session stays open
+// while the page plays, so that a Stop, however late, can still tell the server how much was
+// played and learn which words were heard (docs/protocol.md, "What was heard, on barge-in").
 
 import { CANNOT_CONNECT, describeClose, describeError, describeFailure } from "./messages.js";
 
 export const WS_PATH = "/v1/audio/speech/stream";
+export const CONTEXT = "speak"; // the context_id of the page's text
 
 export function wsUrl(token) {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
@@ -23,7 +27,7 @@ const cost = (text) => encoder.encode(JSON.stringify(text)).length - 2;
 // The text as input.text frames of at most `maxBytes` each (the session's `max_message_bytes`),
 // cut between words; a word too long for one frame is cut between characters.
 export function frames(text, maxBytes) {
-  const budget = maxBytes - encoder.encode(JSON.stringify({ type: "input.text", text: "" })).length;
+  const budget = maxBytes - encoder.encode(JSON.stringify({ type: "input.text", context_id: CONTEXT, text: "" })).length;
   if (cost(text) <= budget) return [text];
   const out = [];
   let current = "";
@@ -50,7 +54,7 @@ export class Utterance {
     this.framesSent = 0;
     this.pace = pace;
     this.player = player;
-    this.view = view; // {event(kind, data), segment(row), error(text), ended(utterance)}
+    this.view = view; // {event(kind, data), segment(row), error(text), ended(utterance), words: WordView}
     this.sent = ""; // text sent so far, to find where each segment ends
     this.sends = []; // {end, at}: the text length after each input.text, and when it went
     this.doneAt = null;
@@ -93,7 +97,7 @@ export class Utterance {
   }
 
   sendText(text) {
-    this.send({ type: "input.text", text });
+    this.send({ type: "input.text", context_id: CONTEXT, text });
     this.sent += text;
     this.sends.push({ end: this.sent.length, at: performance.now() });
     this.wordsSent += 1;
@@ -108,7 +112,20 @@ export class Utterance {
     }
     if (!this.stopping && !this.closed) {
       this.doneAt = performance.now();
+      this.send({ type: "input.done", context_id: CONTEXT });
+    }
+  }
+
+  // Every word was spoken (context.done) and the player has played it all: the session can end.
+  // Until then a keepalive every half idle timeout holds the session open while the page plays.
+  finishWhenPlayed() {
+    if (!this.contextDone || this.stopping || this.finishing || this.closed) return;
+    if (this.player.idle) {
+      this.finishing = true;
+      clearInterval(this.keepalive);
       this.send({ type: "input.done" });
+    } else if (!this.keepalive) {
+      this.keepalive = setInterval(() => this.send({ type: "session.keepalive" }), this.idleTimeoutMs / 2);
     }
   }
 
@@ -120,6 +137,7 @@ export class Utterance {
       case "session.configured":
         this.opened = true;
         this.sessionId = event.session_id;
+        this.idleTimeoutMs = 1000 * event.limits.idle_timeout_s;
         if (!this.pace) this.tokens = frames(this.text, event.limits.max_message_bytes);
         await this.player.ready; // the context was made in the click; its worklet may still be loading
         if (this.player.rate !== event.sample_rate) await this.player.prepare(event.sample_rate);
@@ -130,6 +148,14 @@ export class Utterance {
                          ttfa: null, samples: 0, end: "" };
         this.segments.set(event.sentence_index, this.current);
         this.view.segment(this.current);
+        this.view.words.segment(event.sentence_index, event.sentence_text, this.player.queuedMs);
+        break;
+      case "audio.timestamps":
+        this.view.words.timestamps(event.sentence_index, event.words);
+        break;
+      case "context.done":
+        this.contextDone = true;
+        this.finishWhenPlayed();
         break;
       case "audio.done": {
         this.bytesAnnounced += event.total_bytes;
@@ -143,8 +169,11 @@ export class Utterance {
       case "input.cancelled":
         // Stop's cancel is through: end the session cleanly (the next Speak opens a new one).
         this.cancelledSentences = event.cancelled_sentences;
+        this.cancelled = event;
+        this.view.words.heard(event);
         this.stopping = false;
         this.dropping = false;
+        this.finishing = true;
         this.send({ type: "input.done" });
         break;
       case "error":
@@ -179,24 +208,30 @@ export class Utterance {
     }
   }
 
-  // Barge-in: silence now, then tell the server (its cancel answer ends the session).
-  stop() {
+  // Barge-in: silence now, then tell the server how much the listener heard (the samples the
+  // worklet had played when it dropped its queue); its answer says which words those were, and ends
+  // the session.
+  async stop() {
     this.stoppedByUser = true;
     clearTimeout(this.timer);
-    this.player.clear();
+    const cleared = this.player.clear();
     if (this.closed) return;
     this.dropping = true;
-    if (this.opened) {
-      this.stopping = true;
-      this.send({ type: "input.cancel" });
-    } else {
+    if (!this.opened) {
       this.ws.close();
+      return;
     }
+    this.stopping = true;
+    clearInterval(this.keepalive);
+    const played = await cleared;
+    this.playedMs = Math.round((1000 * played) / this.player.rate);
+    this.send({ type: "input.cancel", context_id: CONTEXT, played_ms: this.playedMs });
   }
 
   onClose(event) {
     this.closed = true;
     clearTimeout(this.timer);
+    clearInterval(this.keepalive);
     if (this.failedToConnect) this.view.error(CANNOT_CONNECT);
     else {
       const words = describeClose(event.code, event.reason);
