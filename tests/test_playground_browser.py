@@ -8,15 +8,18 @@ import re
 import numpy as np
 import pytest
 
-from tests.support.browser import chromium, needs_chromium
+from tests.support.browser import needs_chromium
 from tests.support.live import PROJECT_ROOT, serving, wait_for
-from tests.support.playground import (
+from tests.support.playground import (  # noqa: F401 (the fixtures server and browser)
+    TWO_SENTENCES,
+    browser_fixture,
     click,
     console_errors,
     finished,
     heard,
     js,
     open_page,
+    server_fixture,
     set_text,
     speak_enabled,
     utterance,
@@ -26,21 +29,8 @@ from tests.support.speech_check import assert_heard
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy, needs_chromium]
 SCREENSHOT = PROJECT_ROOT / "docs" / "playground.png"
-TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. Then it runs into the forest."
 LONG = " ".join(f"This is sentence number {n}, and it goes on for a little while." for n in range(1, 13))
 PASSWORD = "a-long-test-password-1"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari"}) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
-        yield driver
 
 
 def test_page_loads_with_no_console_errors(server, browser):

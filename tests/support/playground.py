@@ -4,7 +4,26 @@ own test hook is `window.playground`, speech/static/speech/playground/app.js).""
 import base64
 import io
 
-from tests.support.live import wait_for
+import pytest
+
+from tests.support.browser import chromium
+from tests.support.live import serving, wait_for
+
+TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. Then it runs into the forest."
+
+
+# The fixtures `server` (a daphne with Hibari) and `browser`, one each per test module that imports
+# server_fixture and browser_fixture.
+@pytest.fixture(scope="module", name="server")
+def server_fixture():
+    with serving({"SPEECH_ENGINE": "hibari"}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module", name="browser")
+def browser_fixture(tmp_path_factory):
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        yield driver
 
 
 def js(browser, expression):

@@ -2,6 +2,7 @@
 // `window.playground` exposes what the page measures (samples played, buffered, received), for
 // people curious in the console and for the browser tests.
 
+import { STREAMED, StreamDecoder } from "./codecs.js";
 import { Player } from "./player.js";
 import { NOTHING_TO_SPEAK, describeFailure, describeResponse, insecureContext } from "./messages.js";
 import { Utterance, speakable, wsUrl } from "./utterance.js";
@@ -215,7 +216,8 @@ class SpeakError extends Error {} // a failure already in words (credentials)
 
 async function startUtterance(text) {
   const session = config();
-  const expectedRate = session.sample_rate || (session.response_format === "pcm" ? settings.nativeRate : 8000);
+  const fmt = session.response_format;
+  const expectedRate = fmt === "opus" ? 48000 : session.sample_rate || (["mulaw", "alaw"].includes(fmt) ? 8000 : settings.nativeRate);
   // In the click itself: browsers let a page start audio only in answer to a gesture.
   const ready = player.prepare(expectedRate);
   ready.catch(() => {}); // awaited below, after the credential: reported there, once
@@ -267,6 +269,14 @@ $("stop").addEventListener("click", stop);
 $("download").addEventListener("click", download);
 $("key-form").addEventListener("submit", useKey);
 
+// Compressed streams are decoded by WebCodecs: where the browser has none, they cannot be chosen.
+if (!StreamDecoder.supported()) {
+  for (const option of $("format").options) {
+    if (!STREAMED.includes(option.value)) continue;
+    option.disabled = true;
+    option.textContent += " (this browser has no WebCodecs decoder)";
+  }
+}
 if (!canPlay) {
   showError(insecureContext(location.host));
   status("Cannot play on this page.");

@@ -1,6 +1,8 @@
 // Web Audio output: an AudioContext at the stream's own rate (no resampling in the page) and the
-// pcm-player worklet. Keeps what was received so "what was heard" can be saved as a WAV file.
+// pcm-player worklet. Raw formats are decoded here, streamed mp3/opus/aac by WebCodecs (codecs.js).
+// Keeps what was received so "what was heard" can be saved as a WAV file.
 
+import { STREAMED, StreamDecoder } from "./codecs.js";
 import { decodeAlaw, decodeMulaw } from "./g711.js";
 
 const MAX_REPORTS = 64; // about a second of the worklet's reports: more than any output latency
@@ -12,8 +14,11 @@ export class Player {
     this.node = null;
     this.ready = null;
     this.generation = 0;
-    this.chunks = []; // Int16Array per frame of the current utterance
-    this.received = 0; // samples
+    this.chunks = []; // Float32Array per frame of the current utterance
+    this.decoder = null; // StreamDecoder of a compressed stream
+    this.expected = 0; // samples the frames pushed so far decode to
+    this.codecFrame = 0; // samples of the compressed stream's codec frame (0: raw)
+    this.received = 0; // samples decoded (given to the worklet)
     this.played = 0;
     this.buffered = 0;
     this.reports = []; // the worklet's last reports: {played, buffered, time}, oldest first
@@ -44,6 +49,10 @@ export class Player {
     this.context.resume();
     this.generation += 1;
     this.chunks = [];
+    if (this.decoder) this.decoder.close();
+    this.decoder = null;
+    this.expected = 0;
+    this.codecFrame = 0;
     this.received = 0;
     this.played = 0;
     this.buffered = 0;
@@ -58,29 +67,48 @@ export class Player {
 
   // Where the next frame's audio begins in the utterance, in ms: a segment's start (audio.start).
   get queuedMs() {
-    return this.rate ? (1000 * this.received) / this.rate : 0;
+    return this.rate ? (1000 * this.expected) / this.rate : 0;
   }
 
-  // Everything received has been played.
+  // Everything decoded has been played (after drain(): everything received).
   get idle() {
     return this.buffered === 0 && this.played === this.received;
   }
 
-  // One binary frame of `format` ("pcm", "mulaw", "alaw").
+  // Every frame pushed is decoded and queued for the worklet.
+  async drain() {
+    if (this.decoder) await this.decoder.drain();
+  }
+
+  // One binary frame of `format`: the samples it holds (for mp3, opus, aac: will hold once decoded).
   push(format, bytes) {
-    const pcm = format === "pcm" ? new Int16Array(bytes.slice(0, bytes.byteLength & ~1))
-      : format === "mulaw" ? decodeMulaw(new Uint8Array(bytes)) : decodeAlaw(new Uint8Array(bytes));
-    this.chunks.push(pcm);
-    this.received += pcm.length;
-    this.buffered += pcm.length;
-    const samples = Float32Array.from(pcm, (v) => v / 32768);
+    let samples;
+    if (STREAMED.includes(format)) {
+      if (!this.decoder) this.decoder = new StreamDecoder(format, this.rate, (decoded) => this.play(decoded));
+      samples = this.decoder.push(bytes);
+      this.codecFrame = this.decoder.frame;
+    } else {
+      const pcm = format === "pcm" ? new Int16Array(bytes.slice(0, bytes.byteLength & ~1))
+        : format === "mulaw" ? decodeMulaw(new Uint8Array(bytes)) : decodeAlaw(new Uint8Array(bytes));
+      samples = pcm.length;
+      this.play(Float32Array.from(pcm, (v) => v / 32768));
+    }
+    this.expected += samples;
+    return samples;
+  }
+
+  play(samples) {
+    this.chunks.push(samples.slice());
+    this.received += samples.length;
+    this.buffered += samples.length;
     this.node.port.postMessage({ type: "samples", generation: this.generation, samples }, [samples.buffer]);
-    return pcm.length;
   }
 
   // Silence at once: the worklet drops its queue; what was played stays counted. Resolves to the
   // samples played when the worklet dropped it (what the listener will have heard).
   clear() {
+    if (this.decoder) this.decoder.close(); // what it still holds is never played either
+    this.decoder = null;
     if (!this.node) return Promise.resolve(this.played);
     const done = new Promise((resolve) => this.cleared.push(resolve));
     this.node.port.postMessage({ type: "clear" });
@@ -116,7 +144,7 @@ export class Player {
     for (const chunk of this.chunks) {
       if (at >= heard.length) break;
       const part = chunk.subarray(0, heard.length - at);
-      heard.set(part, at);
+      heard.set(part.map((v) => Math.max(-32768, Math.min(32767, Math.round(v * 32768)))), at);
       at += part.length;
     }
     return wavFile(heard, this.rate);

@@ -145,21 +145,23 @@ export class Utterance {
         break;
       case "audio.start":
         this.current = { index: event.sentence_index, text: event.sentence_text, completedAt: this.completion(event),
-                         ttfa: null, samples: 0, end: "" };
+                         ttfa: null, samples: 0, end: "", start: this.player.expected, lastWordMs: 0 };
         this.segments.set(event.sentence_index, this.current);
         this.view.segment(this.current);
         this.view.words.segment(event.sentence_index, event.sentence_text, this.player.queuedMs);
         break;
       case "audio.timestamps":
         this.view.words.timestamps(event.sentence_index, event.words);
+        if (this.current && event.words.length) this.current.lastWordMs = event.words[event.words.length - 1].end_ms;
         break;
       case "context.done":
+        await this.player.drain(); // a compressed stream's last packets are decoded
         this.contextDone = true;
         this.finishWhenPlayed();
         break;
       case "audio.done": {
         this.bytesAnnounced += event.total_bytes;
-        const row = this.segments.get(event.sentence_index) || { index: event.sentence_index, text: "", samples: 0 };
+        const row = this.segments.get(event.sentence_index) || { index: event.sentence_index, text: "", samples: 0, start: this.player.expected, lastWordMs: 0 };
         row.end = event.cancelled ? "cancelled" : event.error ? "failed" : "done";
         this.segments.set(row.index, row);
         this.view.segment(row);
@@ -170,7 +172,7 @@ export class Utterance {
         // Stop's cancel is through: end the session cleanly (the next Speak opens a new one).
         this.cancelledSentences = event.cancelled_sentences;
         this.cancelled = event;
-        this.view.words.heard(event);
+        this.view.words.heard(event, this.playedAt ?? event.played_ms);
         this.stopping = false;
         this.dropping = false;
         this.finishing = true;
@@ -224,8 +226,25 @@ export class Utterance {
     this.stopping = true;
     clearInterval(this.keepalive);
     const played = await cleared;
-    this.playedMs = Math.round((1000 * played) / this.player.rate);
+    this.playedAt = (1000 * played) / this.player.rate; // in the page's own timeline (words.js)
+    this.playedMs = Math.round(this.utteranceMs(played));
     this.send({ type: "input.cancel", context_id: CONTEXT, played_ms: this.playedMs });
+  }
+
+  // `samples` of the decoded audio played, as ms of the utterance's audio as the server counts it. A
+  // compressed stream pads each segment's end with less than a codec frame of silence (docs/protocol.md):
+  // the pad is taken as half a frame (never into the segment's last word), so each segment's figure is
+  // within half a frame. Raw formats have no pad: the figure is exact.
+  utteranceMs(samples) {
+    const { rate, codecFrame } = this.player;
+    let ms = 0;
+    for (const row of this.segments.values()) {
+      const length = Math.max(0, row.samples - codecFrame / 2, (row.lastWordMs * rate) / 1000);
+      const within = samples - row.start;
+      if (within < row.samples) return ms + (1000 * Math.max(0, Math.min(within, length))) / rate;
+      ms += (1000 * length) / rate;
+    }
+    return ms;
   }
 
   onClose(event) {

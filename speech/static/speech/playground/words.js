@@ -75,13 +75,15 @@ export class WordView {
 
   // After Stop: the server's split of the text (input.cancelled), and the words not heard struck through;
   // the marks no longer follow the player.
-  heard(event) {
+  // `playedMs`: where the player stopped, in this view's timeline (the server's figure may differ by
+  // the codec frames' padding).
+  heard(event, playedMs) {
     this.stopped = true;
     if (this.current) { this.current.span.classList.remove("current"); this.current.span.removeAttribute("aria-current"); }
     this.current = null;
     for (const segment of this.segments) {
       for (const word of segment.words) {
-        const heard = segment.start + word.end <= event.played_ms; // the server's rule, on the figure it used
+        const heard = segment.start + word.end <= playedMs; // the server's rule
         word.span.classList.toggle("heard", heard);
         word.span.classList.toggle("unheard", !heard);
       }
