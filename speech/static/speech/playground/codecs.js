@@ -109,7 +109,7 @@ export class StreamDecoder {
 
   // One binary frame: the samples its packets decode to (at the session's rate).
   push(bytes) {
-    if (this.failure) throw new Error(`the browser could not decode the ${this.format} stream: ${this.failure.message}`);
+    this.check();
     let samples = 0;
     for (const [packet, n] of this.packets(new Uint8Array(bytes))) {
       this.decoder.decode(new EncodedAudioChunk({ type: "key", timestamp: this.time, data: packet }));
@@ -153,7 +153,16 @@ export class StreamDecoder {
 
   // Every chunk pushed so far is decoded and handed on (the end of a session's audio).
   async drain() {
-    if (this.decoder.state === "configured") await this.decoder.flush();
+    try {
+      if (this.decoder.state === "configured") await this.decoder.flush();
+    } catch (error) {
+      if (this.decoder.state !== "closed") throw error; // closed by a Stop: nothing more is wanted
+    }
+    this.check();
+  }
+
+  check() {
+    if (this.failure) throw new Error(`the browser could not decode the ${this.format} stream: ${this.failure.message}`);
   }
 
   close() {

@@ -170,6 +170,7 @@ export class Utterance {
       }
       case "input.cancelled":
         // Stop's cancel is through: end the session cleanly (the next Speak opens a new one).
+        if (!this.stoppedByUser) this.player.clear(); // a cancel from the REST API or the admin
         this.cancelledSentences = event.cancelled_sentences;
         this.cancelled = event;
         this.view.words.heard(event, this.playedAt ?? event.played_ms);
