@@ -31,10 +31,9 @@ DEFAULT_URL = "ws://127.0.0.1:8000/v1/audio/speech/stream"
 WS_PATH = "/v1/audio/speech/stream"
 EXIT_OK, EXIT_SERVER, EXIT_USAGE, EXIT_CONNECT, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 RAW = ("pcm", "mulaw", "alaw")
-# Formats the server sends as one file per sentence that still make one valid stream when joined:
-# MPEG audio frames (once each file's ID3 tag and Xing/Info frame are dropped), ADTS AAC frames,
-# and chained Ogg Opus streams (RFC 7845). FLAC and WAV files cannot be joined; WAV is written here.
-JOINABLE = ("mp3", "aac", "opus")
+# Compressed formats the server streams as one stream a session (docs/protocol.md, streamed compressed
+# audio): written as they come, they make one file that plays. FLAC is never streamed; WAV is written here.
+STREAMED = ("mp3", "aac", "opus")
 EXTENSIONS = {
     ".wav": "wav",
     ".mp3": "mp3",
@@ -59,17 +58,15 @@ class UsageError(Exception):
 
 
 class RawOut:
-    """Raw samples (or joined files) to a file or stdout, written as they arrive."""
+    """Streamed audio (raw samples, or the frames of one mp3/opus/aac stream) to a file or stdout, as it arrives."""
 
-    def __init__(self, stream, fmt):
-        self.stream, self.fmt, self.first = stream, fmt, True
+    def __init__(self, stream):
+        self.stream = stream
 
     def start(self, rate):
         pass
 
     def write(self, data):
-        if self.fmt == "mp3":
-            data = mp3_frames(data)
         self.stream.write(data)
         self.stream.flush()
 
@@ -98,45 +95,21 @@ class WavOut:
             self.file.close()
 
 
-_MP3_BITRATES = {
-    True: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
-    False: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
-}
-_MP3_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
-
-
-def mp3_frames(data: bytes) -> bytes:
-    """An MP3 file's audio frames only: without its ID3v2 tag and its Xing/Info frame, whose frame
-    count would make a decoder stop at the end of the first sentence of the joined file."""
-    if data[:3] == b"ID3" and len(data) >= 10:
-        size = (data[6] << 21) | (data[7] << 14) | (data[8] << 7) | data[9]
-        data = data[10 + size + (10 if data[5] & 0x10 else 0) :]
-    if len(data) >= 4 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0:
-        version, bitrate, rate_index = (data[1] >> 3) & 3, data[2] >> 4, (data[2] >> 2) & 3
-        if version in _MP3_RATES and 0 < bitrate < 15 and rate_index < 3:
-            mpeg1 = version == 3
-            rate = _MP3_RATES[version][rate_index]
-            length = (144000 if mpeg1 else 72000) * _MP3_BITRATES[mpeg1][bitrate] // rate + ((data[2] >> 1) & 1)
-            if b"Xing" in data[4:length] or b"Info" in data[4:length]:
-                data = data[length:]
-    return data
-
-
 def output_for(args):
-    """(format asked of the server, streamed?, writer) for the command line."""
+    """(format asked of the server, writer) for the command line: the server streams every format asked."""
     fmt = args.format
     if fmt is None:
         fmt = EXTENSIONS.get(Path(args.output).suffix.lower(), "pcm") if args.output else "pcm"
     if fmt == "flac":
-        raise UsageError("flac files cannot be joined sentence by sentence: use -o FILE.wav (or mp3, opus, aac)")
+        raise UsageError("flac cannot be streamed: use -o FILE.wav (or mp3, opus, aac)")
     if fmt == "wav":
         if not args.output:
             raise UsageError("wav needs -o FILE; stdout gets raw audio (--format pcm, mulaw or alaw)")
-        return "pcm", True, WavOut(args.output)
-    if fmt not in RAW + JOINABLE:
+        return "pcm", WavOut(args.output)
+    if fmt not in RAW + STREAMED:
         raise UsageError(f"unknown format {fmt!r}: wav, mp3, opus, aac, pcm, mulaw or alaw")
     stream = open(args.output, "wb") if args.output else sys.stdout.buffer
-    return fmt, fmt in RAW, RawOut(stream, fmt)
+    return fmt, RawOut(stream)
 
 
 # -- text in ----------------------------------------------------------------------------------------
@@ -158,8 +131,8 @@ def stdin_lines(loop, queue):
 
 
 class Session:
-    def __init__(self, args, fmt, streamed, out):
-        self.args, self.fmt, self.streamed, self.out = args, fmt, streamed, out
+    def __init__(self, args, fmt, out):
+        self.args, self.fmt, self.out = args, fmt, out
         self.ws = None
         self.sent, self.sends, self.done_at, self.cursor = "", [], None, 0
         self.segment = None
@@ -178,7 +151,7 @@ class Session:
         print(f"error: {text}", file=sys.stderr, flush=True)
 
     def config(self):
-        session = {"response_format": self.fmt, "stream_audio": self.streamed}
+        session = {"response_format": self.fmt, "stream_audio": True}
         for field, value in (("voice", self.args.voice), ("sample_rate", self.args.rate), ("speed", self.args.speed)):
             if value is not None:
                 session[field] = value
@@ -263,7 +236,7 @@ class Session:
             first = f"first audio {1000 * (segment['first'] - segment['completed']):.0f} ms, "
         seconds = (
             f"{segment['bytes'] / (2 if self.fmt == 'pcm' else 1) / self.rate:.2f} s"
-            if self.streamed
+            if self.fmt in RAW
             else f"{segment['bytes']} bytes"
         )
         self.say(f"[{segment['index']}] {segment['text']!r}: {first}{seconds}{end}")
@@ -369,11 +342,11 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(argv)
     try:
-        fmt, streamed, out = output_for(args)
+        fmt, out = output_for(args)
     except (UsageError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    session = Session(args, fmt, streamed, out)
+    session = Session(args, fmt, out)
     try:
         code = asyncio.run(session.run())
     except KeyboardInterrupt:  # Ctrl-C before the session was open: nothing to cancel yet

@@ -54,6 +54,13 @@ ENGINE_JOB = Histogram(
     "Time a synthesis job ran on a thread of the engine's pool (a sentence, or the first one with its G2P)",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+ENGINE_JOBS = Counter(
+    "speech_engine_jobs",
+    "Synthesis jobs of the engine's pool by how they ended: completed, failed, dropped (never started: "
+    "its listener had gone, or shutdown), stopped (at its next step, its listener gone), unheard (ran to its "
+    "end after its listener left)",
+    ["outcome"],
+)
 CANCELS = Counter("speech_cancels", "Barge-ins (input.cancelled), by origin: client or server", ["origin"])
 ERRORS = Counter("speech_errors", "error events sent to WebSocket clients, by error_type and code", ["type", "code"])
 AUDIO_BYTES = Counter("speech_audio_sent_bytes", "Audio bytes sent to WebSocket clients")
@@ -135,6 +142,10 @@ def engine_job(waited, ran):
     """A pool job ran (speech/engines/pool.py, on its thread): seconds it waited for the thread, and ran."""
     ENGINE_JOB_WAIT.observe(waited)
     ENGINE_JOB.observe(ran)
+
+
+def engine_job_end(outcome):
+    ENGINE_JOBS.labels(outcome).inc()
 
 
 def audio_sent(nbytes, seconds):

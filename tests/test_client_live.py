@@ -10,6 +10,7 @@ import threading
 import time
 import wave
 
+import av
 import numpy as np
 import pytest
 import soundfile
@@ -102,8 +103,20 @@ def test_mp3_file_of_several_sentences_decodes_whole(server, whisper, tmp_path):
     done = client("-o", str(out), "--clause", "--speed", "1.2", TWO_SENTENCES + " One, two, three.", url=server.ws_url)
     assert done.returncode == 0, done.stderr
     assert "[2] 'One,': first audio" in done.stderr.decode()  # clause splitting
-    samples, rate = soundfile.read(out, dtype="float32")  # one file: the joined sentences all decode
+    samples, rate = soundfile.read(out, dtype="float32")  # one file: the streamed sentences all decode
     assert_heard(whisper, samples, rate, TWO_SENTENCES + " One, two, three.", max_wer=0.15)
+
+
+def test_opus_file_is_one_ogg_stream_that_plays_whole(server, whisper, tmp_path):
+    out = tmp_path / "out.opus"
+    done = client("-o", str(out), TWO_SENTENCES, url=server.ws_url)
+    assert done.returncode == 0, done.stderr
+    data = out.read_bytes()
+    serials = {data[at + 14 : at + 18] for at in range(len(data)) if data.startswith(b"OggS", at)}
+    assert len(serials) == 1  # one logical stream, not one per sentence
+    with av.open(str(out)) as container:
+        samples = np.concatenate([frame.to_ndarray()[0] for frame in container.decode(audio=0)])
+    assert_heard(whisper, samples.astype(np.float32), 48000, TWO_SENTENCES)
 
 
 def test_stdin_is_spoken_line_by_line_as_it_arrives(server, whisper):

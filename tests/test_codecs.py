@@ -473,15 +473,15 @@ BAD_CONFIGS = [
     ("speed-negative", {"speed": -1}, "speed must be between 0.25 and 4.0", "speed"),
     ("speed-string", {"speed": "2"}, "speed must be a number", "speed"),
     (
-        "stream-mp3",
-        {"response_format": "mp3", "stream_audio": True},
-        "stream_audio=true requires a raw response_format (pcm, mulaw, alaw)",
+        "stream-wav",
+        {"response_format": "wav", "stream_audio": True},
+        "stream_audio=true requires a streamable response_format (pcm, mulaw, alaw, mp3, opus, aac)",
         "response_format",
     ),
     (
-        "stream-opus",
-        {"response_format": "opus", "stream_audio": True},
-        "stream_audio=true requires a raw response_format (pcm, mulaw, alaw)",
+        "stream-flac",
+        {"response_format": "flac", "stream_audio": True},
+        "stream_audio=true requires a streamable response_format (pcm, mulaw, alaw, mp3, opus, aac)",
         "response_format",
     ),
 ]

@@ -108,3 +108,18 @@ def test_the_application_sends_text_as_utf8_and_bytes_as_binary_through_the_conn
     flow.send('{"text":"été"}')
     flow.send(b"\x00\x01")
     assert protocol.sent == [('{"text":"été"}'.encode(), False), (b"\x00\x01", True)]
+
+
+async def test_a_lost_connection_tells_its_listener_before_it_frees_a_held_sender():
+    """The transport stops its producer when the connection is lost, in the reactor's turn that saw
+    it: `on_lost` (the consumer's: the engine drops the session's work) runs then, before the
+    application's disconnect message is handled, and a sender held by a full buffer goes on."""
+    flow = FlowControl()
+    order = []
+    flow.on_lost = lambda: order.append(("lost", flow.paused))
+    flow.pauseProducing()
+    waiter = asyncio.create_task(flow.writable())
+    assert await still_waiting(waiter)
+    flow.stopProducing()
+    await waiter
+    assert order == [("lost", True)] and not flow.paused

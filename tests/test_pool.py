@@ -199,7 +199,7 @@ async def test_cancelling_a_queued_job_drops_it_unrun(pools):
     assert not queued.ran
 
 
-async def test_cancelling_a_running_job_keeps_its_worker_until_it_finishes(pools):
+async def test_cancelling_a_running_job_gives_its_place_to_the_next_job_at_once(pools):
     pool = pools(1)
     gate = Gate()
     task = asyncio.create_task(pool.run(gate))
@@ -207,12 +207,11 @@ async def test_cancelling_a_running_job_keeps_its_worker_until_it_finishes(pools
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    # The thread cannot be interrupted: the worker stays busy until the step is over.
-    assert pool.running == 1
-    probe = asyncio.create_task(pool.run(lambda: "probe"))
-    gate.release.set()
-    assert await asyncio.wait_for(probe, GUARD_S) == "probe"
+    # The thread cannot be interrupted, but the job no longer holds the pool's only place.
     assert pool.running == 0
+    assert await asyncio.wait_for(pool.run(lambda: "probe"), GUARD_S) == "probe"
+    assert not gate.release.is_set()  # the cancelled job is still in its step meanwhile
+    gate.release.set()
 
 
 async def test_submit_queues_at_once_and_discard_drops_a_job_not_started(pools):
@@ -348,14 +347,13 @@ async def test_a_result_is_handed_over_at_once_when_it_cannot_wait(pools, option
     assert await asyncio.wait_for(pool.wait(later), GUARD_S) == "done"
 
 
-async def test_discarding_a_running_job_lets_it_finish_and_hands_its_result_to_no_one(pools):
+async def test_discarding_a_running_job_lets_its_step_finish_and_hands_its_result_to_no_one(pools):
     pool = pools(1)
     gate = Gate()
     job = pool.submit(gate, "done")
     await wait_started(gate)
     pool.discard(job)
     gate.release.set()
-    # One worker: this job runs once the discarded one has finished on it.
     assert await asyncio.wait_for(pool.run(lambda: "next"), GUARD_S) == "next"
     assert pool.running == 0
     with pytest.raises(asyncio.CancelledError):
@@ -372,8 +370,10 @@ async def test_a_discarded_job_that_fails_once_running_leaves_no_unretrieved_err
     try:
         pool = pools(1)
         gate = Gate()
+        ran_on = []
 
         def fails():
+            ran_on.append(threading.current_thread())
             gate()
             raise ValueError("the engine failed")
 
@@ -381,8 +381,9 @@ async def test_a_discarded_job_that_fails_once_running_leaves_no_unretrieved_err
         await wait_started(gate)
         pool.discard(job)
         gate.release.set()
-        # One worker: this job runs after the failed one has finished and been handed back.
         assert await asyncio.wait_for(pool.run(lambda: "after"), GUARD_S) == "after"
+        await asyncio.to_thread(ran_on[0].join, GUARD_S)  # its thread left the pool once the job failed
+        await asyncio.sleep(0)  # the failure's hand-over, queued on this loop, runs
         del job
         gc.collect()
     finally:
@@ -529,3 +530,120 @@ async def test_with_more_threads_than_cores_no_synthesis_thread_is_pinned(pools)
     """Pinned, some core would run two synthesis threads while another might run none."""
     cores = os.sched_getaffinity(0)
     assert await affinity_of_each_thread(pools(len(cores) + 1), len(cores) + 1) == [cores] * (len(cores) + 1)
+
+
+# -- a listener that has gone (hang-up, cancel) ---------------------------------------------------
+
+
+@pytest.fixture
+def outcomes(monkeypatch):
+    """The pool's record of how its jobs ended (speech_engine_jobs_total), as this test's pools report it."""
+    seen = []
+    monkeypatch.setattr(pool_module.metrics, "engine_job_end", seen.append)
+    return seen
+
+
+async def test_an_abandoned_segments_waiting_jobs_are_dropped_unrun_by_the_next_free_thread(pools, outcomes):
+    """Abandoning the ticket is enough: no task has to be cancelled first, so no job of a session that
+    hung up starts on a thread that frees before the event loop gets to its teardown."""
+    pool = pools(1)
+    gates, blockers = await busy(pool)
+    left, other = Ticket(), Ticket()
+    order = Order()
+    gone = [pool.submit(order.job(f"left {n}"), ticket=left) for n in range(2)]
+    kept = pool.submit(order.job("other"), ticket=other)
+    left.abandon()
+    await release(gates, blockers)
+    assert await asyncio.wait_for(pool.wait(kept), GUARD_S) == "other"
+    assert order.ran == ["other"]
+    for job in gone:
+        with pytest.raises(pool_module.JobAbandoned):
+            await asyncio.wait_for(pool.wait(job), GUARD_S)
+    assert outcomes.count("dropped") == 2 and pool.depth == 0
+
+
+async def test_a_running_job_of_an_abandoned_segment_frees_its_place_and_stops_at_its_next_release_point(pools, outcomes):
+    pool = pools(1, release_points=True)
+    left = Ticket()
+    job = Releasing()
+    ran_on = []
+
+    def run():
+        ran_on.append(threading.current_thread())
+        return job()
+
+    queued = pool.submit(run, ticket=left)
+    await wait_started(job.before)
+    left.abandon()
+    assert pool.running == 0  # its place is free while its step goes on
+    with pytest.raises(pool_module.JobAbandoned):
+        await asyncio.wait_for(pool.wait(queued), GUARD_S)
+    job.before.release.set()
+    await asyncio.to_thread(ran_on[0].join, GUARD_S)  # the thread leaves the pool once the job has stopped
+    assert not job.after.ran  # its next step never ran
+    assert outcomes == ["stopped"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="only Linux gives each thread its own niceness and cores")
+async def test_a_discarded_running_jobs_thread_yields_its_core_to_the_next_job_and_leaves(pools, outcomes):
+    """The next job starts at once on a new thread on the same core, and the old thread, still in its
+    step, runs at the lowest priority until it ends, then leaves the pool."""
+    cores = os.sched_getaffinity(0)
+    pool = pools(len(cores))
+    gates = [Gate() for _ in cores]
+    places = []
+
+    def held(gate):
+        places.append((threading.current_thread(), os.sched_getaffinity(0)))
+        gate()
+
+    jobs = [pool.submit(held, gate) for gate in gates]
+    for gate in gates:
+        await wait_started(gate)
+    thread, core = places[0]
+    pool.discard(jobs[0])
+
+    def where():
+        return threading.current_thread(), os.sched_getaffinity(0)
+
+    new_thread, new_core = await asyncio.wait_for(pool.run(where), GUARD_S)
+    assert new_thread is not thread and new_core == core
+    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == pool_module.LOWEST_NICE
+    for gate in gates:
+        gate.release.set()
+    await asyncio.to_thread(thread.join, GUARD_S)
+    assert not thread.is_alive()
+    await asyncio.wait_for(asyncio.gather(*(pool.wait(job) for job in jobs[1:])), GUARD_S)
+    assert outcomes.count("unheard") == 1
+
+
+async def test_a_stoppable_call_of_an_abandoned_job_is_stopped_at_once(pools, outcomes):
+    """`stoppable`'s stop is called from the abandoning thread while the call runs, and the call's
+    failure comes out as JobAbandoned (ONNX Runtime's terminate flag: speech/engines/stopping.py)."""
+    pool = pools(1)
+    left = Ticket()
+    running, stopped = threading.Event(), threading.Event()
+
+    def model_run():
+        with pool_module.stoppable(stopped.set):
+            running.set()
+            assert stopped.wait(GUARD_S), "never stopped"
+            raise RuntimeError("run terminated")  # what ONNX Runtime raises once told to stop
+
+    job = pool.submit(model_run, ticket=left)
+    assert await asyncio.to_thread(running.wait, GUARD_S)
+    left.abandon()
+    with pytest.raises(pool_module.JobAbandoned):
+        await asyncio.wait_for(pool.wait(job), GUARD_S)
+    await asyncio.wait_for(pool.run(lambda: None), GUARD_S)
+    assert await asyncio.to_thread(lambda: _wait_for(lambda: "stopped" in outcomes))
+
+
+def _wait_for(predicate):
+    """Bounded: the stopped job's thread reports its end on its own."""
+    deadline = time.monotonic() + GUARD_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True

@@ -13,7 +13,7 @@ from speech.stream.protocol import SessionConfig, parse_config, parse_message, u
 CAPS = FakeEngine().capabilities  # voices fake, alt; 24 kHz; speed 0.25-4.0; no ref_audio/instructions
 
 FORMATS_MESSAGE = "response_format must be one of: aac, alaw, flac, mp3, mulaw, opus, pcm, wav"
-STREAM_MESSAGE = "stream_audio=true requires a raw response_format (pcm, mulaw, alaw)"
+STREAM_MESSAGE = "stream_audio=true requires a streamable response_format (pcm, mulaw, alaw, mp3, opus, aac)"
 GRANULARITY_MESSAGE = "split_granularity must be one of: clause, sentence"
 SPEED_MESSAGE = "speed must be between 0.25 and 4.0"
 RATES_MESSAGE = "sample_rate must be one of: 8000, 16000, 22050, 24000, 44100, 48000"

@@ -204,7 +204,9 @@ FATAL_HANDSHAKES = [
     (
         "stream-wav",
         dumps({"type": "session.config", "session": {"stream_audio": True, "response_format": "wav"}}),
-        error_event("stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format"),
+        error_event(
+            "stream_audio=true requires a streamable response_format (pcm, mulaw, alaw, mp3, opus, aac)", param="response_format"
+        ),
         4008,
     ),
     (

@@ -5,10 +5,12 @@ import io
 import json
 import wave
 
+import av
 import numpy as np
 import pytest
 import soundfile
 
+from speech.audio.streaming import SessionEncoder
 from tests.support.live import serving
 from tests.support.speech_check import pcm16_to_float, rms, transcribe, wer
 
@@ -109,8 +111,8 @@ async def post(body, **extra):
         ({"input": "Hi.", "speed": True}, "speed must be a number", "speed"),
         ({"input": "Hi.", "speed": 9}, "speed must be between 0.25 and 4.0", "speed"),
         (
-            {"input": "Hi.", "stream": True, "response_format": "mp3"},
-            "stream=true requires a raw response_format (pcm, mulaw, alaw)",
+            {"input": "Hi.", "stream": True, "response_format": "wav"},
+            "stream=true requires a streamable response_format (pcm, mulaw, alaw, mp3, opus, aac)",
             "response_format",
         ),
         ({"input": "Hi.", "voice": "nobody"}, "Unknown voice 'nobody'. Supported voices: fake, alt", "voice"),
@@ -161,6 +163,18 @@ async def test_streamed_raw_formats_with_the_fake_engine(process_engine):
     # Two segments of two 50 ms chunks each at 24 kHz, resampled to 8 kHz: one byte a sample.
     assert abs(len(data) - 4 * 400) <= 16
     assert np.frombuffer(data, np.uint8).std() > 0
+
+
+@pytest.mark.parametrize("fmt, container", [("mp3", "mp3"), ("opus", "ogg"), ("aac", "aac")])
+async def test_streamed_compressed_formats_are_one_stream_as_long_as_the_audio(process_engine, fmt, container):
+    response = await post({"input": "One. Two.", "response_format": fmt, "stream": True})
+    assert response.status_code == 200 and response.streaming
+    data = b"".join([chunk async for chunk in response.streaming_content])
+    with av.open(io.BytesIO(data), format=container) as decoded:
+        samples = sum(frame.samples for frame in decoded.decode(audio=0))
+    rate = 48000 if fmt == "opus" else 24000
+    made = 2 * 2 * 1200 * rate // 24000  # two segments of two 50 ms chunks
+    assert 0 <= samples - made < SessionEncoder(fmt, rate).frame_size
 
 
 async def test_stream_format_audio_streams_raw_formats_and_leaves_files_whole(process_engine):

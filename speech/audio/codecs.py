@@ -1,8 +1,9 @@
 """The audio encodings of the protocol (docs/protocol.md, Binary frames), on FFmpeg's encoders through PyAV.
 
-Raw formats (`pcm`, `mulaw`, `alaw`) can stream: a `RawEncoder` turns each chunk into bytes on
-its own (G.711 is one byte a sample, no state). The others are one complete, independently
-decodable file per segment (`encode_file`): RIFF WAV, native FLAC, MP3, Ogg Opus, ADTS AAC.
+Raw formats (`pcm`, `mulaw`, `alaw`) stream chunk by chunk: a `RawEncoder` turns each chunk into bytes on
+its own (G.711 is one byte a sample, no state). Not streamed, every other format is one complete,
+independently decodable file per segment (`encode_file`): RIFF WAV, native FLAC, MP3, Ogg Opus, ADTS
+AAC; streamed, mp3, opus and aac are one stream a session (speech/audio/streaming.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import numpy as np
 from .signal import pcm16
 
 RAW_FORMATS = ("pcm", "mulaw", "alaw")
+STREAMED_FORMATS = ("mp3", "opus", "aac")  # streamed as one stream a session (speech/audio/streaming.py)
+STREAMABLE_FORMATS = RAW_FORMATS + STREAMED_FORMATS
 # format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (~130x real time, docs/engines.md)
 # that encoders dominate the cost: LAME's -q 7 and FFmpeg AAC's fast coder halve it, with no
 # audible loss on speech (bench/audio_cost.py).

@@ -23,6 +23,7 @@ from . import hibari_words
 from .base import Alignment, Capabilities, Engine, EngineError, SynthesisRequest, WordTiming
 from .hibari_align import alignment, model_with_durations, synthesise
 from .pool import SynthesisPool, release_point
+from .stopping import StoppableSession
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def _session(path):
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return StoppableSession(ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]))
 
 
 def load_voice(name):

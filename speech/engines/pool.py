@@ -77,24 +77,49 @@ Nothing is refused here: a job a session has accepted waits its turn. Overload i
 work is accepted: a WebSocket handshake or a REST request is refused while `estimated_wait` is
 over SPEECH_MAX_QUEUE_WAIT_S.
 
-Cancelling the awaiting task drops a job that has not started; a running one finishes its step
-and its result is discarded.
+A job whose listener is gone frees the engine at once: `Ticket.abandon` (the pipeline's, on a cancel, or
+when the connection is lost, before the application hears of it) or the awaiting task cancelled. Its
+waiting jobs are dropped unrun; a running one gives its place away at once and stops at its next step:
+its model run is told to stop (`stoppable`: ONNX Runtime's terminate flag, checked between the graph's
+nodes) and it stops at its next release point (`JobAbandoned`). Meanwhile its thread runs at the lowest
+CPU priority and leaves the pool when the job ends, and the next waiting job starts on a new thread on
+the same core, once the event loop's turn is over (the hang-ups of that turn are all known by then).
+Before, a newcomer's first sentence waited for the rest of the step of a client that had left
+(bench/hangup.py in bench/RESULTS.md; docs/decisions.md).
 
 Every job that runs is timed into two histograms of speech/metrics.py: how long it waited for a
-thread and how long it ran on one.
+thread and how long it ran on one. Every job's end is counted by outcome (`speech_engine_jobs_total`):
+completed, failed, dropped (never started: its listener had left), stopped (at its next step, its
+listener gone), unheard (ran to its end after its listener left: it was in a step that cannot stop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
+from .jobs import (
+    ABANDONED,
+    CURRENT,
+    DONE,
+    RUNNING,
+    WAITING,
+    Job,
+    JobAbandoned,
+    Ticket,
+    gone,
+    post,
+    held,
+    post_held,
+    pools,
+    release_point,
+    stoppable,
+)
+from .threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
@@ -103,52 +128,39 @@ HOLD_MARGIN_S = 0.1  # a result is held back for the next job's release point on
 SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (weight 1024 -> 335)
 
 
-_held = threading.local()  # a synthesis thread's finished job whose result waits for its next release point
+class _Worker:
+    """A synthesis thread: runs jobs while there are any, then waits idle for `wake` with its next `job`.
+    A retired one (its job was abandoned mid-run) ends with that job."""
 
+    __slots__ = ("wake", "job", "core", "native_id", "retired")
 
-class Ticket:
-    """A segment's place in the queue. The pipeline sets `current` when the segment becomes the one
-    being delivered; until then its jobs wait behind every current one. `deadline` (time.monotonic()
-    seconds) is when the session's client runs out of audio; None: due when the job was queued."""
-
-    __slots__ = ("current", "deadline")
-
-    def __init__(self, current=True, deadline=None):
-        self.current = current
-        self.deadline = deadline
-
-
-CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued
-
-
-class _Job:
-    __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued", "taken")
-
-    def __init__(self, fn, args, ticket, seq, loop):
-        self.fn, self.args, self.ticket, self.seq, self.loop = fn, args, ticket, seq, loop
-        self.future = loop.create_future()
-        self.queued = time.monotonic()
-        self.taken = None  # set by its thread as it starts, when `submit` hands it to an idle one
-
-    def urgency(self):
-        deadline = self.ticket.deadline
-        return (not self.ticket.current, self.queued if deadline is None else deadline, self.seq)
+    def __init__(self):
+        self.wake = threading.Event()
+        self.job = None
+        self.core = None
+        self.native_id = None
+        self.retired = False
 
 
 class SynthesisPool:
     def __init__(self, workers, name, *, release_points=False):
         self.workers = workers
         self.release_points = release_points  # the jobs call release_point() before their model runs
-        placed = {}
-        if sys.platform.startswith("linux"):  # a thread's own niceness and cores; elsewhere a thread's id is not a process's
-            niceness = os.getpriority(os.PRIO_PROCESS, os.getpid()) + SYNTHESIS_NICE
-            placed = {"initializer": _place_thread, "initargs": (niceness, _cores_to_pin(workers), itertools.count())}
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name, **placed)
+        self.name = name
+        linux = sys.platform.startswith("linux")  # a thread's own niceness and cores; elsewhere a thread's id is not a process's
+        self._niceness = synthesis_niceness(SYNTHESIS_NICE) if linux else None
+        cores = synthesis_cores(workers) if linux else None
+        self._core_load = dict.fromkeys(cores, 0) if cores else {}  # live (not retired) threads on each pinned core
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
-        self._waiting: list[_Job] = []  # scanned when a thread frees: at most two jobs a session
-        self._running = 0
+        self._waiting: list[Job] = []  # scanned when a thread frees: at most two jobs a session
+        self._active: set[Job] = set()  # running, not abandoned
+        self._idle: list[_Worker] = []
+        self._running = 0  # jobs holding a place: running, and not abandoned
+        self._closed = False
         self._seq = itertools.count()
+        self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
+        pools.add(self)
 
     @property
     def depth(self):
@@ -157,6 +169,7 @@ class SynthesisPool:
 
     @property
     def running(self):
+        """Jobs running on a thread for a listener (an abandoned one finishing its step is not counted)."""
         return self._running
 
     def estimated_wait(self):
@@ -175,15 +188,18 @@ class SynthesisPool:
     def submit(self, fn, *args, ticket=CURRENT):
         """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
         for its result, or `discard` it."""
-        job = _Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        job = Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
         with self._lock:
+            if self._closed:  # the job can never run
+                job.future.set_exception(RuntimeError("synthesis pool is shut down"))
+                return job
             self._waiting.append(job)
         for handed in self._dispatch():
             handed.taken.wait(HANDOFF_WAIT_S)
         return job
 
     async def wait(self, job):
-        """The result of a submitted job; cancelling the awaiting task drops the job if it has not started."""
+        """The result of a submitted job; cancelling the awaiting task discards the job."""
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -191,115 +207,185 @@ class SynthesisPool:
             raise
 
     def discard(self, job):
-        """Drop a submitted job that has not started; one that has finishes, and nobody hears of it: its
-        future is cancelled, so its result or error is handed to no one (`_settle`)."""
+        """Nobody wants the job's result: a waiting job is dropped; a running one gives its place to the next
+        waiting job at once, its thread demoted to the lowest priority until it stops (at its next release
+        point, or its end) and leaves. Its future is cancelled, so its result or error is handed to no one."""
         with self._lock:
-            if job in self._waiting:
-                self._waiting.remove(job)
+            freed = self._let_go(job)
         job.future.cancel()
+        if freed:
+            self._dispatch_soon()
+
+    def abandon(self, ticket):
+        """`Ticket.abandon`'s work here: every job of `ticket` is let go (as `discard` does), its awaiting
+        task told with JobAbandoned."""
+        with self._lock:
+            jobs = [job for job in (*self._waiting, *self._active) if job.ticket is ticket]
+            freed = [self._let_go(job) for job in jobs]
+        for job in jobs:
+            post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
+        if any(freed):
+            self._dispatch_soon()
+
+    def _dispatch_soon(self):
+        """Start waiting jobs on freed places once this turn of the event loop is over: when several
+        clients hang up together, their disconnects come in one turn, and a place freed by the first
+        would otherwise go to a waiting job of the next one to leave, on a thread of its own."""
+        try:
+            asyncio.get_running_loop().call_soon(self._dispatch)
+        except RuntimeError:  # not on an event loop: now
+            self._dispatch()
+
+    def _let_go(self, job):
+        """Under the lock: drop `job` if it waits; if it runs, free its place and retire its thread. True
+        when a place was freed."""
+        if job.state == WAITING and job in self._waiting:
+            self._waiting.remove(job)
+            job.state = DONE
+            metrics.engine_job_end("dropped")
+        elif job.state == RUNNING:
+            job.state = ABANDONED
+            if job.stop is not None:
+                job.stop()
+            self._active.discard(job)
+            self._running -= 1
+            if job.worker is not None:
+                self._retire(job.worker)
+            return True
+        return False
+
+    def _retire(self, worker):
+        """Under the lock: `worker` leaves the pool after its job; its core is free for a new thread."""
+        worker.retired = True
+        if worker.core is not None:
+            self._core_load[worker.core] -= 1
+        if worker.native_id is not None:
+            demote(worker.native_id, LOWEST_NICE)
 
     def _dispatch(self):
-        """Start waiting jobs on free threads, the most urgent first (`submit`'s call: a finishing thread
-        takes its next job itself). Returns the jobs it started, each with its `taken` event to wait for."""
+        """Start waiting jobs on free places, the most urgent first (`submit`'s and `discard`'s call: a
+        finishing thread takes its next job itself): on an idle thread, or a new one. Returns the jobs it
+        started, each with its `taken` event to wait for."""
         handed = []
         while True:
             with self._lock:
                 job = self._take()
-            if job is None:
-                return handed
+                if job is None:
+                    return handed
+                worker = self._idle.pop() if self._idle else None
+                if worker is not None:
+                    job.worker = worker
             job.taken = threading.Event()
-            try:
-                self._executor.submit(self._call, job)
-            except RuntimeError:  # shut down: the job can never run
-                with self._lock:
-                    self._running -= 1
-                _post(job.loop, job.future, None, RuntimeError("synthesis pool is shut down"))
-                return handed
+            if worker is not None:
+                worker.job = job
+                worker.wake.set()
+            else:
+                thread = threading.Thread(target=self._work, args=(job,), name=f"{self.name}_{next(self._threads)}", daemon=True)
+                thread.start()
             handed.append(job)
 
-    def _call(self, job):
-        """Run `job` on this thread, then, while jobs wait, the most urgent of them, without going back
-        through the executor. A finished job's result is held back while this thread goes on to the next
-        job if the pool has release points and the job's listener has audio in hand (`_can_wait`)."""
+    def _work(self, job):
+        """A synthesis thread's life: placed once, then jobs until it retires or the pool shuts down."""
+        worker = _Worker()
+        worker.native_id = threading.get_native_id()
+        with self._lock:
+            job.worker = worker
+            if self._core_load:  # one thread for each core: this one goes where none lives now
+                worker.core = min(self._core_load, key=self._core_load.get)
+                self._core_load[worker.core] += 1
+            if job.state == ABANDONED:
+                self._retire(worker)
+        place_thread(worker.native_id, self._niceness, worker.core)
+        while job is not None:
+            self._call(job, worker)
+            if worker.retired:
+                return
+            worker.wake.wait()
+            worker.wake.clear()
+            job, worker.job = worker.job, None  # None: the pool shut down
+
+    def _call(self, job, worker):
+        """Run `job` on this thread, then, while jobs wait, the most urgent of them; then put this thread
+        among the idle ones, in the same turn of the lock that found no job (or retire it). A finished
+        job's result is held back while this thread goes on to the next job if the pool has release points
+        and the job's listener has audio in hand (`_can_wait`)."""
         while job is not None:
             if job.taken is not None:
                 job.taken.set()
+            held.job = job
             started = time.monotonic()
             result = error = None
-            try:
-                result = job.fn(*job.args)
-            except BaseException as exc:  # handed to the awaiting task, like concurrent.futures does
-                error = exc
+            ran = not gone(job)  # else its listener left after it was taken: it never starts
+            if not ran:
+                error = JobAbandoned("its listener has gone")
+            else:
+                try:
+                    result = job.fn(*job.args)
+                except BaseException as exc:  # handed to the awaiting task, like concurrent.futures does
+                    error = exc
             elapsed = time.monotonic() - started
-            release_point()  # the previous job's result, if this one never reached a release point
-            metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
+            held.job = None
+            post_held()  # the previous job's result, if this one never reached a release point
+            outcome = _outcome(job, ran, error)
+            if ran:
+                metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
+            metrics.engine_job_end(outcome)
             with self._lock:
-                self._running -= 1
-                self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
-                following = self._take()
-            # No other thread needs starting here: a job waits only while every thread is busy (`submit`
+                if job.state == ABANDONED:  # its place was given away: this thread leaves
+                    following = None
+                else:
+                    self._active.discard(job)
+                    self._running -= 1
+                    self._service_s += SERVICE_EWMA * (elapsed - self._service_s)
+                    following = self._take()
+                    if following is not None:
+                        following.worker = worker
+                    elif not self._closed:
+                        self._idle.append(worker)
+                    else:
+                        worker.retired = True
+                job.state = DONE
+            # No other thread needs starting here: a job waits only while every place is taken (`submit`
             # starts one on a free thread), and this thread freed its place only to take `following`.
             notice = (job.loop, job.future, result, error)
             if following is not None and self.release_points and _can_wait(job.ticket):
-                _held.notice = notice
+                held.notice = notice
             else:
-                _post(*notice)
+                post(*notice)
             job = following
 
     def _take(self):
-        """The most urgent waiting job, now counted as running (under the lock), or None."""
-        if not self._waiting or self._running >= self.workers:
+        """The most urgent waiting job, now counted as running (under the lock), or None. Jobs whose
+        listener has gone are dropped on the way."""
+        if self._running >= self.workers or not self._waiting:
             return None
-        job = min(self._waiting, key=_Job.urgency)
+        if any(job.ticket.abandoned for job in self._waiting):
+            for job in [job for job in self._waiting if job.ticket.abandoned]:
+                self._waiting.remove(job)
+                job.state = DONE
+                metrics.engine_job_end("dropped")
+                post(job.loop, job.future, None, JobAbandoned())
+            if not self._waiting:
+                return None
+        job = min(self._waiting, key=Job.urgency)
         self._waiting.remove(job)
+        job.state = RUNNING
+        self._active.add(job)
         self._running += 1
         return job
 
     def shutdown(self):
         with self._lock:
+            self._closed = True
             waiting, self._waiting = self._waiting, []
+            idle, self._idle = self._idle, []
         for job in waiting:
             try:
                 job.loop.call_soon_threadsafe(job.future.cancel)
             except RuntimeError:
                 pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _cores_to_pin(workers):
-    """The cores this process may run on, one for each synthesis thread, if there are exactly `workers`
-    of them (the default, SPEECH_ENGINE_WORKERS); otherwise None: the threads are not pinned. Read on the
-    thread that makes the pool: a new thread inherits the cores of the thread that starts it."""
-    cores = sorted(os.sched_getaffinity(0))
-    return cores if len(cores) == workers else None
-
-
-def _place_thread(niceness, cores, order):
-    """On each synthesis thread as it starts (Linux). Its niceness: the process's plus SYNTHESIS_NICE, as
-    an absolute value, because a new thread inherits the niceness of the thread that started it, which may
-    be another synthesis thread (ThreadPoolExecutor starts threads from whichever submits). Its core: with
-    one thread for each core the process may use (`cores`), the next of them (`order` counts the pool's
-    threads), so that every core runs one synthesis thread and no thread moves."""
-    native_id = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, native_id, min(19, niceness))
-    except OSError:  # not allowed here (a sandbox): synthesis runs at the loop's priority
-        pass
-    if cores is not None:
-        try:
-            os.sched_setaffinity(native_id, {cores[next(order) % len(cores)]})
-        except OSError:  # a core taken away since the pool was made: the thread runs where it may
-            pass
-
-
-def release_point():
-    """Called by a job on a synthesis thread just before a long call that releases the GIL (a model's
-    run): a result this thread held back goes to its event loop now, which handles it while this thread
-    waits in C instead of taking the GIL from it."""
-    notice = getattr(_held, "notice", None)
-    if notice is not None:
-        _held.notice = None
-        _post(*notice)
+        for worker in idle:  # woken with no job: the thread ends
+            worker.wake.set()
 
 
 def _can_wait(ticket):
@@ -308,17 +394,14 @@ def _can_wait(ticket):
     return ticket.deadline is not None and ticket.deadline - time.monotonic() > HOLD_MARGIN_S
 
 
-def _post(loop, future, result, error):
-    try:
-        loop.call_soon_threadsafe(_settle, future, result, error)
-    except RuntimeError:  # the caller's loop is closed: nobody is waiting
-        pass
+def _outcome(job, ran, error):
+    if not ran:
+        return "dropped"
+    if isinstance(error, JobAbandoned):
+        return "stopped"
+    if gone(job):
+        return "unheard"
+    return "failed" if error is not None else "completed"
 
 
-def _settle(future, result, error):
-    if future.done():  # the awaiting task was cancelled while the job ran
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+__all__ = ["CURRENT", "JobAbandoned", "SynthesisPool", "Ticket", "release_point", "stoppable"]

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..audio.codecs import FORMATS, RAW_FORMATS, output_rate
+from ..audio.codecs import FORMATS, RAW_FORMATS, STREAMABLE_FORMATS, output_rate
 from .errors import CLOSE_POLICY, SpeechError, fatal
 
 if TYPE_CHECKING:  # for the annotations only
@@ -204,8 +204,10 @@ class SessionFields(Message):
             raise fatal("speed must be between 0.25 and 4.0", "speed")
 
         stream_audio = bool(self.stream_audio)
-        if stream_audio and fmt not in RAW_FORMATS:
-            raise fatal("stream_audio=true requires a raw response_format (pcm, mulaw, alaw)", "response_format")
+        if stream_audio and fmt not in STREAMABLE_FORMATS:
+            raise fatal(
+                f"stream_audio=true requires a streamable response_format ({', '.join(STREAMABLE_FORMATS)})", "response_format"
+            )
 
         granularity = "sentence" if self.split_granularity is None else self.split_granularity
         if granularity not in GRANULARITIES:
@@ -376,5 +378,7 @@ class SpeechRequest(SessionFields, SpeechOptions):
         super()._check_values(context)
         if self.stream_format == "audio" and self.config.response_format in RAW_FORMATS:
             self.stream = True
-        if self.stream and self.config.response_format not in RAW_FORMATS:
-            raise SpeechError("stream=true requires a raw response_format (pcm, mulaw, alaw)", param="response_format")
+        if self.stream and self.config.response_format not in STREAMABLE_FORMATS:
+            raise SpeechError(
+                f"stream=true requires a streamable response_format ({', '.join(STREAMABLE_FORMATS)})", param="response_format"
+            )

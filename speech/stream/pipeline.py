@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import metrics
-from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
+from ..audio.codecs import RAW_FORMATS, STREAMED_FORMATS, EncodingError, RawEncoder, encode_file
+from ..audio.streaming import StreamedAudio
 from ..engines.base import Alignment
 from .contexts import Context, Contexts
 from .errors import SpeechError, bad_request, server_error
 from .events import AudioDone, AudioStart, AudioTimestamps, ContextDone, Word
-from .frames import first_frame_samples, frame_sizes
+from .frames import FIRST_FRAME_S, FRAME_S, first_frame_samples, frame_sizes
 from .job import END, Job
 from .render import render_segment, start_segment
 from .utterance import Utterance, WordTime
@@ -81,6 +82,10 @@ class Pipeline:
         self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
         self._current: Job | None = None  # the job delivery is sending
+        # Streamed mp3/opus/aac: one stream for the whole session, fed in delivery order (_stream_coded).
+        coded = config.stream_audio and config.response_format in STREAMED_FORMATS
+        self._coder = StreamedAudio(config.response_format, self.rate) if coded else None
+        self._coded_s = 0.0  # seconds of audio given to the coder and not yet in a frame sent
 
     @property
     def busy(self) -> bool:
@@ -303,7 +308,8 @@ class Pipeline:
             self._started(job)
 
     def _stream_encoder(self) -> RawEncoder | None:
-        if self.config.stream_audio:  # the handshake allows streaming for raw formats only
+        """Streamed raw audio is encoded by the producer; compressed audio by delivery (_stream_coded)."""
+        if self.config.stream_audio and self.config.response_format in RAW_FORMATS:
             return RawEncoder(self.config.response_format, self.rate)
         return None
 
@@ -323,10 +329,20 @@ class Pipeline:
                     await self._timestamps(job, item)
                 else:
                     alignments.append(item)
-            elif streaming:  # encoded by the producer; the handshake allows streaming for raw formats only
+            elif self._coder is not None:
+                try:
+                    await self._stream_coded(job, item)
+                except EncodingError as exc:
+                    failure = server_error(str(exc))
+            elif streaming:  # raw audio, encoded by the producer
                 await self._stream(job, raw.bytes_per_sample, item)  # type: ignore[union-attr]
             else:
                 collected.append(item)
+        if self._coder is not None and job.announced:  # all of the segment's audio before its audio.done
+            try:
+                await self._send_coded(job, await self._coder.end_segment())
+            except EncodingError as exc:
+                failure = failure or server_error(str(exc))
         if failure is None and collected:
             samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
             try:
@@ -362,6 +378,28 @@ class Pipeline:
             await self._send_audio(job, data[at : at + size], size / width / self.rate)
             at += size
 
+    async def _stream_coded(self, job: Job, samples: np.ndarray) -> None:
+        """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames, encoded FIRST_FRAME_S at
+        a time in the loop until the segment's first frame is out (the encoder gathers a few codec
+        frames before its first one), then FRAME_S at a time on an encoding thread
+        (speech/audio/streaming.py): a cancel stops it within one frame (docs/decisions.md)."""
+        if not job.announced:
+            await self._start(job)
+        at = 0
+        while at < samples.size:
+            step = int(self.rate * (FRAME_S if job.bytes_sent else FIRST_FRAME_S))
+            piece = samples[at : at + step]
+            at += piece.size
+            self._coded_s += piece.size / self.rate
+            data = await self._coder.encode(piece, inline=not job.bytes_sent)  # type: ignore[union-attr]
+            await self._send_coded(job, data)
+
+    async def _send_coded(self, job: Job, data: bytes) -> None:
+        if data:
+            seconds, self._coded_s = self._coded_s, 0.0
+            await self._send_audio(job, data, seconds)
+            self._coder.sent()  # type: ignore[union-attr]
+
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
         job.context.utterance.add(job.record(complete=not (error or cancelled)))
@@ -380,25 +418,38 @@ class Pipeline:
         """Stop the segments of `context` (all if None), engine work included, and forget them. The
         segments are forgotten first: a producer that ends here marks its segment started, which
         must not start the next one's synthesis behind our back. Delivery stops only when it was
-        sending one of them."""
+        sending one of them. The engine drops their jobs at once (`Job.ticket.abandon`), before the tasks
+        awaiting them are cancelled."""
         jobs = [job for job in self.jobs if context is None or job.context is context]
         for job in jobs:
+            job.ticket.abandon()
             self._forget(job)
             if job.producer is None:
                 self.queued_chars -= len(job.text)
         tasks = [job.producer for job in jobs if job.producer is not None]
-        if self._delivery is not None and (context is None or self._current in jobs):
-            tasks.append(self._delivery)
+        delivery = self._delivery if self._delivery is not None and (context is None or self._current in jobs) else None
+        if delivery is not None:
+            tasks.append(delivery)
             self._delivery = None
             self._current = None
             self._flowing = False
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if delivery is not None and self._coder is not None:  # the stream goes on valid from the last frame sent
+            await self._coder.cut()
+            self._coded_s = 0.0
         for job in jobs:  # a producer cancelled before its first step never took its engine stream
             if job.stream is not None:
                 await job.stream.aclose()  # type: ignore[attr-defined]  # engines' streams close
         return jobs
+
+    def abandon(self) -> None:
+        """Nobody will hear the segments accepted so far (the client has gone): the engine drops their
+        waiting jobs and stops a running one at its next step, from now on, before this loop gets to
+        cancel the tasks that await them (speech/engines/pool.py)."""
+        for job in self.jobs:
+            job.ticket.abandon()
 
     async def cancel(self, context: Context | None = None) -> int:
         """Barge-in: stop the segment being sent within one frame and drop the rest, of `context`

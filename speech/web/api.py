@@ -25,6 +25,7 @@ from ..control import signals as control, registry
 from ..stream import events, messages, oneshot, protocol
 from .. import voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
+from ..audio.streaming import StreamedAudio
 from ..conf import conf
 from ..engines import EngineBusy, get_engine
 from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
@@ -267,11 +268,12 @@ async def speech(request):
             first = None
         except SpeechError as exc:
             return _synthesis_error(exc)
-        response = StreamingHttpResponse(
-            _stream(audio, first, RawEncoder(config.response_format, config.sample_rate)),
-            content_type=CONTENT_TYPES[config.response_format],
-        )
-        response["X-Sample-Rate"], response["X-Channels"], response["X-Bit-Depth"] = str(config.sample_rate), "1", "16"
+        fmt, rate = config.response_format, config.sample_rate
+        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else StreamedAudio(fmt, rate)
+        response = StreamingHttpResponse(_stream(audio, first, encoder), content_type=CONTENT_TYPES[fmt])
+        response["X-Sample-Rate"], response["X-Channels"] = str(rate), "1"
+        if fmt == "pcm":
+            response["X-Bit-Depth"] = "16"
         return response
     try:
         chunks = [chunk async for chunk in audio]
@@ -299,13 +301,17 @@ def _synthesis_error(exc):
 
 
 async def _stream(audio, first, encoder):
-    """Raw bytes as they are made; a failure past the first byte can only end the stream early."""
+    """Audio as it is made (raw bytes, or whole mp3/opus/aac frames of one stream); a failure past the
+    first byte can only end the stream early."""
+    streamed = isinstance(encoder, StreamedAudio)
     try:
         if first is not None:
-            yield encoder.encode(first)
+            yield await encoder.encode(first) if streamed else encoder.encode(first)
         async for chunk in audio:
-            yield encoder.encode(chunk)
-    except SpeechError as exc:
+            yield await encoder.encode(chunk) if streamed else encoder.encode(chunk)
+        if streamed:
+            yield await encoder.end_segment()
+    except (SpeechError, EncodingError) as exc:
         logger.warning("speech stream ended early: %s", exc)
     finally:
         await audio.aclose()

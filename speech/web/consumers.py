@@ -59,6 +59,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     async def connect(self):
         self.flow = self.scope.get(SCOPE_KEY)  # absent in tests that run the consumer without daphne
+        if self.flow is not None:
+            self.flow.on_lost = self._abandon_work
         # Admission comes before the upgrade's answer, so that an admitted session's group join (a Redis
         # round trip) runs while the 101 and the client's session.config travel. A refused session is
         # accepted too: its client gets the reason, then the close code.
@@ -95,8 +97,14 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         await self.disconnect(message["code"])
         raise StopConsumer()
 
+    def _abandon_work(self):
+        """The client is gone: the engine stops the session's work now, before the session's teardown."""
+        if self.session is not None and self.session.pipeline is not None:
+            self.session.pipeline.abandon()
+
     async def disconnect(self, code):
         self._open = False
+        self._abandon_work()
         if self.session is not None:
             await self.admission.release(self.session)
 

@@ -53,6 +53,7 @@ class FlowControl:
         self._input_handled = asyncio.Event()
         self._input_handled.set()
         self.pauses = 0  # how often the client fell behind: for tests and metrics
+        self.on_lost = None  # called when the connection is gone, before the application hears of it
 
     @classmethod
     def attach(cls, protocol):
@@ -133,5 +134,9 @@ class FlowControl:
             self._writable.set()
 
     def stopProducing(self):
-        """The connection is gone: never hold a sender; the disconnect ends the session."""
+        """The connection is gone: never hold a sender; the disconnect ends the session. `on_lost` runs
+        first, in this turn of the loop: a hang-up stops the session's engine work before anything
+        queued behind the disconnect (another client's text, typically) is handled."""
+        if self.on_lost is not None:
+            self.on_lost()
         self.resumeProducing()

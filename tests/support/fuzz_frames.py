@@ -214,7 +214,7 @@ CONTRACT_MESSAGES = [
         r"response_format must be one of: aac, alaw, flac, mp3, mulaw, opus, pcm, wav",
         r"sample_rate must be one of: 8000, 16000, 22050, 24000, 44100, 48000",
         r"speed must be between 0\.25 and 4\.0",
-        r"stream_audio=true requires a raw response_format \(pcm, mulaw, alaw\)",
+        r"stream_audio=true requires a streamable response_format \(pcm, mulaw, alaw, mp3, opus, aac\)",
         r"split_granularity must be one of: clause, sentence",
         r"(ref_audio|instructions) is not supported by engine '.+'",
         r"temperature must be between 0 and 2",

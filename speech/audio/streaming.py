@@ -1,0 +1,271 @@
+"""Streamed mp3, opus and aac: one encoder object per session, whose output over the whole session is
+one stream (docs/protocol.md, streamed compressed audio).
+
+`SessionEncoder.encode` turns a segment's samples into whole codec frames (MP3 frames, ADTS frames, Ogg
+pages of Opus packets) as they are made; `end_segment` gives the segment's tail, so that all of its
+audio is out before its `audio.done`; `cut` forgets an unfinished segment after a cancel.
+
+Each segment is coded by a fresh FFmpeg encoder (PyAV), so a segment's tail can be flushed without
+waiting for the next segment's audio, and a cut segment leaves nothing behind in an encoder. An encoder
+begins with `priming` samples of its own (LAME's delay, Opus' pre-skip, AAC's priming frame); the
+segment is preceded by just enough zeros that priming and zeros fill whole codec frames, and those
+frames are not sent: the segment's first frame starts with its first sample. Its last frame is
+completed with zeros, and frames holding only those zeros are not sent either. So a segment decodes
+to its own samples followed by less than one codec frame of silence (where the segment already ends
+in its natural pause, speech/audio/signal.py), and the decoder's state runs on from one segment into
+the next. MP3 is coded without LAME's bit reservoir, so that no frame needs bytes of a frame that was
+not sent (the zeros' frames, or a cancelled segment's). Settings and their cost: docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import struct
+import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+
+import av
+import numpy as np
+
+from ..engines.threads import demote, synthesis_niceness
+from .codecs import EncodingError
+from .signal import pcm16
+
+# format -> (FFmpeg encoder, options, bit rate); docs/decisions.md says why.
+ENCODERS = {
+    "mp3": ("libmp3lame", {"compression_level": "7", "reservoir": "0"}, None),
+    "opus": ("libopus", {"application": "audio", "compression_level": "0"}, 32000),
+    "aac": ("aac", {"aac_coder": "fast"}, None),
+}
+_priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
+# The encoding threads' niceness over the process's: below the synthesis threads' (+5, speech/engines/pool.py),
+# so that synthesis, which every session's first audio waits for, goes first (weight 110 against 335).
+ENCODE_NICE = 10
+
+
+def _lower_priority():
+    if hasattr(os, "getpriority"):
+        demote(threading.get_native_id(), synthesis_niceness(ENCODE_NICE))
+
+
+# FFmpeg's encoders release the GIL: sessions' audio is encoded here, beside the event loop, which an
+# encoder would hold for milliseconds, and below the synthesis threads' priority, over which the loop's
+# would take precedence (docs/decisions.md). A segment's first frame is encoded in the loop.
+_threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_lower_priority)
+
+
+class StreamedAudio:
+    """A SessionEncoder driven by a session's delivery on the event loop: a segment's first frame is
+    encoded at once, in the loop (a few codec frames: under a millisecond), the rest on an encoding
+    thread; and what it handed out is known to have been sent or not, so that `cut` keeps an Ogg stream
+    numbered on from the last page the client got."""
+
+    def __init__(self, fmt, rate):
+        self.encoder = SessionEncoder(fmt, rate)
+        self._working: asyncio.Future[bytes] | None = None
+        self._unsent = False  # the last bytes handed out have not been `sent` yet
+
+    async def encode(self, samples, *, inline=False):
+        if inline:
+            return self._handed(self.encoder.encode(samples))
+        return await self._off_loop(self.encoder.encode, samples)
+
+    async def end_segment(self):
+        return await self._off_loop(self.encoder.end_segment)
+
+    def sent(self):
+        """The bytes last handed out are with the transport."""
+        self._unsent = False
+
+    async def cut(self):
+        """After a cancel: once the encoder's work under way is over, the unfinished segment is forgotten."""
+        working, self._working = self._working, None
+        if working is not None:
+            done = await asyncio.gather(working, return_exceptions=True)
+            self._unsent = self._unsent or (isinstance(done[0], bytes) and bool(done[0]))
+        self.encoder.cut(lost=self._unsent)
+        self._unsent = False
+
+    async def _off_loop(self, method, *args):
+        self._working = asyncio.get_running_loop().run_in_executor(_threads, method, *args)
+        # Shielded: a cancelled delivery leaves the encoder's call to end, and `cut` waits for it.
+        data = await asyncio.shield(self._working)
+        self._working = None
+        return self._handed(data)
+
+    def _handed(self, data):
+        self._unsent = bool(data)
+        return data
+
+
+class SessionEncoder:
+    """The session's streamed audio of one compressed format at `rate`."""
+
+    def __init__(self, fmt, rate):
+        self.fmt, self.rate = fmt, rate
+        self.frame_size, self.priming = _measure(fmt, rate)
+        self._ogg = OggOpusPages() if fmt == "opus" else None
+        self._codec = None  # the current segment's encoder, made at its first samples
+        self._lead = 0  # zeros fed before the segment's first sample
+        self._fed = 0  # samples fed to the current encoder, zeros included
+        self._pending = np.zeros(0, np.int16)  # fed samples not yet a whole codec frame
+
+    def encode(self, samples):
+        """Whole frames (pages) of `samples`, float32 mono at the session's rate; b"" while the encoder
+        still gathers a frame."""
+        if self._codec is None:
+            self._codec = _open(self.fmt, self.rate)
+            self._lead = (self.frame_size - self.priming % self.frame_size) % self.frame_size
+            self._fed = 0
+            self._pending = np.zeros(self._lead, np.int16)
+        pending = np.concatenate([self._pending, np.frombuffer(pcm16(samples), "<i2")])
+        whole = pending.size - pending.size % self.frame_size
+        self._pending = pending[whole:]
+        return self._wrap(self._frames(pending[:whole]))
+
+    def end_segment(self):
+        """The segment's last frames, its tail completed with zeros; the next `encode` starts a new segment."""
+        if self._codec is None:
+            return b""
+        end = self._fed + self._pending.size  # where the segment's samples end, in the encoder's count
+        tail = np.zeros(-self._pending.size % self.frame_size, np.int16)
+        packets = self._frames(np.concatenate([self._pending, tail]), flush=True)
+        self._codec, self._pending = None, np.zeros(0, np.int16)
+        return self._wrap([packet for packet in packets if packet[0] < end])
+
+    def cut(self, lost):
+        """After a cancel: the unfinished segment is forgotten (nothing of it is sent later). `lost`: the
+        last bytes `encode` or `end_segment` returned never reached the client (an Ogg stream then
+        numbers its next page as if they had not been made)."""
+        self._codec, self._pending = None, np.zeros(0, np.int16)
+        if lost and self._ogg is not None:
+            self._ogg.rewind()
+
+    def _frames(self, samples, flush=False):
+        """(pts, bytes) of each codec packet out of the encoder for `samples` (whole frames), keeping
+        those that hold some of the segment: the ones of the priming and the lead zeros are left out."""
+        packets = []
+        try:
+            for start in range(0, samples.size, self.frame_size):
+                frame = av.AudioFrame.from_ndarray(samples[None, start : start + self.frame_size], format="s16", layout="mono")
+                frame.sample_rate, frame.pts, frame.time_base = self.rate, self._fed, Fraction(1, self.rate)
+                self._fed += self.frame_size
+                packets += self._codec.encode(_convert(self._codec, frame))
+            if flush:
+                packets += self._codec.encode(None)
+        except av.FFmpegError as exc:
+            raise EncodingError(f"{self.fmt} encoder failed: {exc}") from exc
+        return [(packet.pts, bytes(packet)) for packet in packets if packet.pts >= self._lead]
+
+    def _wrap(self, packets):
+        if self.fmt == "aac":  # FFmpeg's AAC encoder gives raw frames: each gets its ADTS header
+            return b"".join(adts_header(len(data), self.rate) + data for _, data in packets)
+        if self._ogg is None:
+            return b"".join(data for _, data in packets)
+        return self._ogg.pages([data for _, data in packets], self.frame_size)
+
+
+def _convert(codec, frame):
+    """`frame` (s16) in the encoder's own sample format, at the same rate (s32p / fltp)."""
+    fmt = codec.format.name
+    if fmt == "s16":
+        return frame
+    samples = frame.to_ndarray()[0]
+    data = samples.astype(np.int32) << 16 if fmt == "s32p" else samples.astype(np.float32) / 32768.0
+    converted = av.AudioFrame.from_ndarray(data[None], format=fmt, layout="mono")
+    converted.sample_rate, converted.pts, converted.time_base = frame.sample_rate, frame.pts, frame.time_base
+    return converted
+
+
+def _open(fmt, rate):
+    name, options, bit_rate = ENCODERS[fmt]
+    codec = av.CodecContext.create(name, "w")
+    codec.sample_rate, codec.layout, codec.time_base = rate, "mono", Fraction(1, rate)
+    codec.format = "s16" if "s16" in [f.name for f in codec.codec.audio_formats] else codec.codec.audio_formats[0].name
+    if bit_rate:
+        codec.bit_rate = bit_rate
+    codec.options = dict(options)
+    codec.open()
+    return codec
+
+
+def _measure(fmt, rate):
+    """(frame size, priming) of the format's encoder at `rate`, from a throwaway encoder's first packet."""
+    key = (fmt, rate)
+    if key not in _priming:
+        codec = _open(fmt, rate)
+        size = codec.frame_size
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, size), np.int16), format="s16", layout="mono")
+        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+        packets = [*codec.encode(_convert(codec, frame)), *codec.encode(None)]
+        _priming[key] = size, -packets[0].pts
+    return _priming[key]
+
+
+class OggOpusPages:
+    """One Ogg logical stream of Opus packets (RFC 7845): its two header pages first, then a page for
+    each batch of packets, numbered on. Pre-skip is 0: SessionEncoder sends no priming."""
+
+    MAX_SEGMENTS = 255
+
+    def __init__(self):
+        self.serial = random.getrandbits(32)
+        self.sequence = 0
+        self.granule = 0
+        self._before = (0, 0)  # sequence and granule before the last pages made
+        head = b"OpusHead" + struct.pack("<BBHIhB", 1, 1, 0, 48000, 0, 0)
+        vendor = b"speech"
+        tags = b"OpusTags" + struct.pack("<I", len(vendor)) + vendor + struct.pack("<I", 0)
+        self._headers = self._page([head], 0x02, granule=0) + self._page([tags], 0, granule=0)
+
+    def pages(self, packets, samples_per_packet):
+        """The packets as pages (none: b""), the header pages before the first."""
+        if not packets:
+            return b""  # the header pages wait for the first audio
+        self._before = (self.sequence, self.granule)
+        out, batch = [self._headers], []
+        for packet in packets:
+            if sum(len(p) // 255 + 1 for p in batch) + len(packet) // 255 + 1 > self.MAX_SEGMENTS:
+                out.append(self._page(batch, 0, self.granule))
+                batch = []
+            batch.append(packet)
+            self.granule += samples_per_packet  # Opus' granule counts 48 kHz samples: its only rate here
+        out.append(self._page(batch, 0, self.granule))
+        self._headers = b""
+        return b"".join(out)
+
+    def rewind(self):
+        self.sequence, self.granule = self._before
+
+    def _page(self, packets, flags, granule):
+        lacing = b"".join(bytes([255] * (len(p) // 255) + [len(p) % 255]) for p in packets)
+        header = b"OggS" + struct.pack("<BBqIIIB", 0, flags, granule, self.serial, self.sequence, 0, len(lacing))
+        self.sequence += 1
+        page = header + lacing + b"".join(packets)
+        return page[:22] + struct.pack("<I", ogg_crc(page)) + page[26:]
+
+
+ADTS_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000, 7350)
+
+
+def adts_header(size, rate):
+    """The 7-byte ADTS header (ISO/IEC 13818-7, no CRC) of an AAC-LC mono frame of `size` bytes."""
+    length = size + 7
+    index = ADTS_RATES.index(rate)
+    return bytes(
+        [0xFF, 0xF1, (1 << 6) | (index << 2), (1 << 6) | (length >> 11), (length >> 3) & 0xFF, ((length & 0x7) << 5) | 0x1F, 0xFC]
+    )
+
+
+_REVERSED = bytes(int(f"{b:08b}"[::-1], 2) for b in range(256))
+
+
+def ogg_crc(data):
+    """Ogg's CRC-32 (polynomial 0x04c11db7, not reflected, initial value and final xor 0), by zlib's
+    reflected CRC-32 on bit-reversed bytes."""
+    reflected = zlib.crc32(data.translate(_REVERSED), 0xFFFFFFFF) ^ 0xFFFFFFFF
+    return int(f"{reflected:032b}"[::-1], 2)

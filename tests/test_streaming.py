@@ -1,0 +1,126 @@
+"""speech/audio/streaming.py in process: one stream a session for mp3, opus and aac.
+
+Segments of a test signal (a tone with fades, as the engine's segments begin and end quietly) go
+through a SessionEncoder; the output must hold whole codec frames, decode as one stream as long as
+the segments within one codec frame each, carry each segment's sound where it belongs (no priming in
+front, no audio of a cut segment later), and stay one valid stream across a cancel, whether or not the
+last bytes handed out reached the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import av
+import numpy as np
+import pytest
+
+from speech.audio.codecs import encode_file
+from speech.audio.streaming import SessionEncoder, StreamedAudio, ogg_crc
+from tests.support.streams import CONTAINERS, assert_whole_frames, decoded_samples, ogg_pages
+
+CASES = [("mp3", 24000), ("mp3", 44100), ("mp3", 8000), ("opus", 48000), ("aac", 24000), ("aac", 16000)]
+
+
+def tone(seconds, rate, freq=220.0):
+    t = np.arange(int(seconds * rate)) / rate
+    envelope = np.sin(np.pi * t / t[-1])  # silent at both ends, like a trimmed segment with its fades
+    return (0.3 * np.sin(2 * np.pi * freq * t) * envelope).astype(np.float32)
+
+
+def decode(data, fmt):
+    with av.open(io.BytesIO(data), format=CONTAINERS[fmt]) as container:
+        return np.concatenate([frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)]).astype(np.float32)
+
+
+def speak(encoder, segments, rate, piece_s=0.2):
+    """Each segment fed in pieces, then its tail; returns every chunk of bytes handed out, in order."""
+    out = []
+    for samples in segments:
+        step = int(rate * piece_s)
+        out += [encoder.encode(samples[at : at + step]) for at in range(0, samples.size, step)]
+        out.append(encoder.end_segment())
+    return [chunk for chunk in out if chunk]
+
+
+@pytest.mark.parametrize("fmt,rate", CASES)
+def test_segments_decode_as_one_stream_within_a_frame_each_with_no_priming_in_front(fmt, rate):
+    encoder = SessionEncoder(fmt, rate)
+    segments = [tone(0.9, rate), tone(0.37, rate, 330.0), tone(1.3, rate, 440.0)]
+    chunks = speak(encoder, segments, rate)
+    assert_whole_frames(chunks, fmt)
+    decoded = decode(b"".join(chunks), fmt)
+    pcm = sum(segment.size for segment in segments)
+    assert 0 <= decoded.size - pcm < len(segments) * encoder.frame_size
+    # The first segment starts at the stream's first sample: its tone's peak is where the input's is.
+    first = segments[0]
+    window = slice(first.size // 2 - rate // 100, first.size // 2 + rate // 100)
+    assert np.corrcoef(decoded[window], first[window])[0, 1] > 0.9
+
+
+@pytest.mark.parametrize("fmt,rate", CASES)
+def test_each_encode_hands_out_whole_frames_and_the_first_comes_within_a_few_codec_frames(fmt, rate):
+    encoder = SessionEncoder(fmt, rate)
+    samples = tone(1.0, rate)
+    step = int(rate * 0.04)
+    fed, first_at = 0, None
+    for at in range(0, samples.size, step):
+        fed += samples[at : at + step].size
+        if encoder.encode(samples[at : at + step]) and first_at is None:
+            first_at = fed
+    assert first_at is not None and first_at <= 5 * encoder.frame_size + step
+
+
+@pytest.mark.parametrize("fmt,rate", CASES)
+@pytest.mark.parametrize("lost", [False, True])
+def test_after_a_cut_the_stream_goes_on_valid_and_holds_nothing_of_the_cut_segment(fmt, rate, lost):
+    """A segment cut midway (a cancel): if its last bytes never reached the client (`lost`), they are
+    left out; either way the next segment follows in the same stream, and nothing more of the cut one."""
+    encoder = SessionEncoder(fmt, rate)
+    sent = speak(encoder, [tone(0.5, rate)], rate)
+    cut = [encoder.encode(tone(0.6, rate, 330.0)[: int(rate * 0.4)])]
+    if lost:
+        cut = []  # handed out, never sent
+    encoder.cut(lost=lost)
+    after = speak(encoder, [tone(0.5, rate, 440.0)], rate)
+    frames = [chunk for chunk in sent + cut + after if chunk]
+    assert_whole_frames(frames, fmt)
+    decoded = decode(b"".join(frames), fmt).size
+    whole = 2 * int(0.5 * rate)  # the two segments spoken to their end
+    cut_part = 0 if lost else int(0.4 * rate)  # at most what was fed of the cut one, if its bytes went out
+    assert whole - encoder.frame_size <= decoded < whole + cut_part + 3 * encoder.frame_size
+
+
+def test_a_lost_ogg_page_is_numbered_again_so_the_stream_has_no_gap():
+    encoder = SessionEncoder("opus", 48000)
+    first = speak(encoder, [tone(0.3, 48000)], 48000)
+    numbers = [n for chunk in first for n in ogg_pages(chunk)]
+    assert encoder.encode(tone(0.5, 48000))  # handed out, then the client never gets it
+    encoder.cut(lost=True)
+    again = speak(encoder, [tone(0.3, 48000)], 48000)
+    assert ogg_pages(again[0])[0] == numbers[-1] + 1
+
+
+def test_the_ogg_crc_is_the_one_ffmpeg_writes():
+    data = encode_file("opus", np.zeros(4800, np.float32), 48000)
+    size = 27 + data[26] + sum(data[27 : 27 + data[26]])
+    page = data[:size]
+    assert ogg_crc(page[:22] + b"\0\0\0\0" + page[26:]) == int.from_bytes(page[22:26], "little")
+
+
+async def test_a_cut_while_the_encoding_thread_works_waits_for_it_and_drops_its_output():
+    """The delivery task is cancelled while a piece is being encoded off the loop: `cut` waits for that
+    call to end, and its pages, never sent, are numbered again."""
+    streamed = StreamedAudio("opus", 48000)
+    first = await streamed.encode(tone(0.3, 48000), inline=True)
+    streamed.sent()
+    task = asyncio.create_task(streamed.encode(tone(3.0, 48000)))
+    await asyncio.sleep(0)  # the encoding thread has the piece
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await streamed.cut()
+    after = await streamed.encode(tone(0.5, 48000), inline=True) + await streamed.end_segment()
+    assert ogg_pages(after)[0] == ogg_pages(first)[-1] + 1
+    assert decoded_samples(first + after, "opus") > 0
