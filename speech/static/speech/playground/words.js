@@ -11,7 +11,9 @@ export class WordView {
   }
 
   reset() {
-    this.segments = []; // {index, start (ms in the utterance), words: [{start, end, span}]}
+    this.segments = []; // {index, text, start (ms in the utterance), span, charEnd (of its last word)}
+    this.words = []; // every word in order: {key, start, end (ms in the utterance), span}
+    this.next = 0; // the first word not heard yet: marks only move forward while a session plays
     this.current = null;
     this.stopped = false;
     this.highlights = []; // "segment:word" in the order words became current: for the browser tests
@@ -26,15 +28,15 @@ export class WordView {
     span.textContent = text;
     if (this.root.childNodes.length) this.root.append(" ");
     this.root.append(span);
-    this.segments.push({ index, text, start, span, words: [] });
+    this.segments.push({ index, text, start, span, charEnd: 0, count: 0 });
   }
 
   // Timestamps: `sentence_text[char_start:char_end]` in code points (a Python slice), not UTF-16 units.
   timestamps(index, words) {
-    const segment = this.segments.find((s) => s.index === index);
+    const segment = this.segments.findLast((s) => s.index === index); // the last one, as a rule
     if (!segment) return;
     const chars = Array.from(segment.text);
-    let at = segment.words.length ? segment.words[segment.words.length - 1].charEnd : 0;
+    let at = segment.charEnd;
     const tail = segment.span.lastChild && segment.span.lastChild.nodeType === Node.TEXT_NODE ? segment.span.lastChild : null;
     if (tail) tail.remove(); // the text not yet cut into words
     for (const word of words) {
@@ -42,29 +44,29 @@ export class WordView {
       const span = document.createElement("span");
       span.className = "word";
       span.textContent = chars.slice(word.char_start, word.char_end).join("");
-      span.dataset.start = segment.start + word.start_ms; // ms into the utterance
-      span.dataset.end = segment.start + word.end_ms;
+      const start = segment.start + word.start_ms; // ms into the utterance
+      const end = segment.start + word.end_ms;
+      Object.assign(span.dataset, { start, end });
       segment.span.append(span);
-      segment.words.push({ start: word.start_ms, end: word.end_ms, charEnd: word.char_end, span });
+      this.words.push({ key: `${index}:${segment.count}`, start, end, span });
+      segment.count += 1;
       at = word.char_end;
     }
+    segment.charEnd = at;
     segment.span.append(chars.slice(at).join(""));
   }
 
   // `ms` of the utterance played: words that ended by then are heard, the one playing is current.
   show(ms) {
     if (this.stopped) return;
-    let current = null;
-    for (const segment of this.segments) {
-      segment.words.forEach((word, i) => {
-        const heard = segment.start + word.end <= ms;
-        const playing = !heard && segment.start + word.start <= ms;
-        word.span.classList.toggle("heard", heard);
-        if (playing) current = { key: `${segment.index}:${i}`, span: word.span };
-      });
+    while (this.next < this.words.length && this.words[this.next].end <= ms) {
+      this.words[this.next].span.classList.add("heard");
+      this.next += 1;
     }
-    if ((current && current.key) === (this.current && this.current.key)) return;
-    if (this.current) { this.current.span.classList.remove("current"); this.current.span.removeAttribute("aria-current"); }
+    const word = this.words[this.next];
+    const current = word && word.start <= ms ? word : null;
+    if (current === this.current) return;
+    this.unmark();
     if (current) {
       current.span.classList.add("current");
       current.span.setAttribute("aria-current", "true");
@@ -73,20 +75,23 @@ export class WordView {
     this.current = current;
   }
 
-  // After Stop: the server's split of the text (input.cancelled), and the words not heard struck through;
-  // the marks no longer follow the player.
+  unmark() {
+    if (this.current) {
+      this.current.span.classList.remove("current");
+      this.current.span.removeAttribute("aria-current");
+    }
+    this.current = null;
+  }
+
   // `playedMs`: where the player stopped, in this view's timeline (the server's figure may differ by
   // the codec frames' padding).
   heard(event, playedMs) {
     this.stopped = true;
-    if (this.current) { this.current.span.classList.remove("current"); this.current.span.removeAttribute("aria-current"); }
-    this.current = null;
-    for (const segment of this.segments) {
-      for (const word of segment.words) {
-        const heard = segment.start + word.end <= playedMs; // the server's rule
-        word.span.classList.toggle("heard", heard);
-        word.span.classList.toggle("unheard", !heard);
-      }
+    this.unmark();
+    for (const word of this.words) {
+      const heard = word.end <= playedMs; // the server's rule
+      word.span.classList.toggle("heard", heard);
+      word.span.classList.toggle("unheard", !heard);
     }
     this.summary.spoken.textContent = event.spoken_text || "(nothing)";
     this.summary.unspoken.textContent = event.unspoken_text || "(nothing)";
