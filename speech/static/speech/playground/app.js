@@ -44,8 +44,10 @@ function describeEvent(source, event) {
   if (source === "close") return `closed ${event.code}${event.reason ? ` ${event.reason}` : ""}`;
   const { type, ...fields } = event;
   const shown = (v) => (typeof v === "string" && v.length > 80 ? `${v.slice(0, 77)}…` : v);
+  // A list (audio.timestamps' words) is counted, not printed: the full event is in the browser's tools.
+  const value = (v) => (Array.isArray(v) ? `[${v.length} items]` : JSON.stringify(shown(v)));
   const brief = Object.entries(fields).filter(([k]) => k !== "limits" && k !== "session")
-    .map(([k, v]) => `${k}=${JSON.stringify(shown(v))}`).join(" ");
+    .map(([k, v]) => `${k}=${value(v)}`).join(" ");
   return `${source === "client" ? "→" : "←"} ${type} ${brief}`;
 }
 
