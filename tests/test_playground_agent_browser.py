@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import playground as page
 from tests.support.browser import needs_chromium, websocket_frames
-from tests.support.live import run_session, segments_of, wait_for
+from tests.support.live import run_session, segments_of, serving, wait_for
 from tests.support.playground import TWO_SENTENCES, browser_fixture, server_fixture  # noqa: F401 (fixtures)
 from tests.support.speech_check import assert_heard
 
@@ -174,3 +174,43 @@ def test_stop_during_streamed_opus_reports_what_was_played(server, browser):
     assert cancelled["spoken_text"] and cancelled["unspoken_text"]
     assert browser.find_element(By.ID, "spoken").text == cancelled["spoken_text"]
     assert browser.find_element(By.ID, "unspoken").text == cancelled["unspoken_text"]
+
+
+# -- the session open while the page plays ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_idle():
+    """A server whose idle timeout (1 s) is shorter than the audio the page holds after context.done."""
+    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_IDLE_TIMEOUT_S": "1"}) as srv:
+        yield srv
+
+
+def test_the_session_stays_open_while_the_page_plays_and_ends_after(short_idle, browser):
+    page.open_page(browser, short_idle.http_url + "/")
+    websocket_frames(browser)
+    page.set_text(browser, TWO_SENTENCES)  # 4 s of audio, 1 s idle timeout
+    page.click(browser, "speak")
+    wait_for(lambda: page.finished(browser), "everything is played and the session ends", timeout=60)
+    frames = websocket_frames(browser)
+    done = next(i for i, (d, f) in enumerate(frames) if d == "received" and f["type"] == "context.done")
+    assert any(f["type"] == "session.keepalive" for d, f in frames[done:] if d == "sent")
+    assert [f["type"] for d, f in frames if d == "received"][-1] == "session.done"  # ended by the page, not idle
+    assert page.js(browser, "window.playground.played") == page.js(browser, "window.playground.received") > 0
+
+
+def test_a_player_that_stalls_ends_the_session(short_idle, browser):
+    page.open_page(browser, short_idle.http_url + "/")
+    websocket_frames(browser)
+    page.set_text(browser, LONG)
+    page.click(browser, "speak")
+    wait_for(lambda: page.js(browser, "window.playground.played") > 0, "the page plays")
+    browser.execute_script("window.playground.audioContext.suspend();")  # the output stalls
+    wait_for(lambda: page.utterance_field(browser, "closed"), "the session ends", timeout=60)
+    frames = websocket_frames(browser)
+    done = next(i for i, (d, f) in enumerate(frames) if d == "received" and f["type"] == "context.done")
+    *kept, last = [f for d, f in frames[done:] if d == "sent"]
+    assert last == {"type": "input.done"} and all(f["type"] == "session.keepalive" for f in kept)  # the page ended it
+    received = [f["type"] for d, f in frames if d == "received"]
+    assert received[-1] == "session.done" and "error" not in received
+    assert page.js(browser, "window.playground.played") < page.js(browser, "window.playground.received")

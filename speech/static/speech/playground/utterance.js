@@ -117,16 +117,26 @@ export class Utterance {
   }
 
   // Every word was spoken (context.done) and the player has played it all: the session can end.
-  // Until then a keepalive every half idle timeout holds the session open while the page plays.
+  // Until then a keepalive every half idle timeout holds the session open while the page plays; a
+  // player that made no progress since the last one (its output stalled) ends it instead, so that
+  // a stalled page holds no session of its key.
   finishWhenPlayed() {
     if (!this.contextDone || this.stopping || this.finishing || this.closed) return;
-    if (this.player.idle) {
-      this.finishing = true;
-      clearInterval(this.keepalive);
-      this.send({ type: "input.done" });
-    } else if (!this.keepalive) {
-      this.keepalive = setInterval(() => this.send({ type: "session.keepalive" }), this.idleTimeoutMs / 2);
+    if (this.player.idle) this.finish();
+    else if (!this.keepalive) {
+      let played = this.player.played;
+      this.keepalive = setInterval(() => {
+        if (this.player.played === played) this.finish();
+        else this.send({ type: "session.keepalive" });
+        played = this.player.played;
+      }, this.idleTimeoutMs / 2);
     }
+  }
+
+  finish() {
+    this.finishing = true;
+    clearInterval(this.keepalive);
+    this.send({ type: "input.done" });
   }
 
   async receive(data) {
@@ -176,8 +186,7 @@ export class Utterance {
         this.view.words.heard(event, this.playedAt ?? event.played_ms);
         this.stopping = false;
         this.dropping = false;
-        this.finishing = true;
-        this.send({ type: "input.done" });
+        this.finish();
         break;
       case "error":
         this.view.error(describeError(event));
