@@ -176,6 +176,21 @@ def test_stop_during_streamed_opus_reports_what_was_played(server, browser):
     assert browser.find_element(By.ID, "unspoken").text == cancelled["unspoken_text"]
 
 
+def test_without_webcodecs_the_compressed_formats_say_why_they_cannot_be_chosen(server, browser):
+    script = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": "delete window.AudioDecoder;"})
+    try:
+        page.open_page(browser, server.http_url + "/")
+        options = browser.execute_script(
+            "return [...document.querySelectorAll('#format option')].map((o) => [o.value, o.disabled, o.textContent]);"
+        )
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]})
+    for value, disabled, label in options:
+        assert disabled == (value in STREAMS), options
+        assert ("no WebCodecs decoder" in label) == (value in STREAMS)
+    assert page.js(browser, "document.getElementById('format').value") == "pcm"  # raw formats still play
+
+
 # -- the session open while the page plays ----------------------------------------------------------
 
 
