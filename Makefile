@@ -79,6 +79,7 @@ bench: install-dev migrate
 	$(PY) bench/upstream.py
 	$(PY) bench/throughput.py
 	$(PY) bench/handshake.py
+	$(PY) bench/timestamps.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from speech.engines.base import Alignment, SynthesisRequest
-from speech.engines.hibari import HibariEngine, load_voice
+from speech.engines.hibari import HibariEngine
 from speech.engines.hibari_align import STEP_FRAMES, model_with_durations, synthesise
 from speech.engines.hibari_words import normalised, plan
 from speech.engines.text import for_number_reader
@@ -165,10 +165,9 @@ def test_text_with_nothing_to_say_still_reports_its_words(engine):
 
 
 @pytest.fixture(scope="module")
-def tts():
-    tts = load_voice("heart")
-    tts.phonemize("Warm up.")
-    return tts
+def tts(engine):
+    """The engine's own Hibari (its model already carries the durations output)."""
+    return engine._models[engine.capabilities.default_voice]
 
 
 def varied_texts():

@@ -112,15 +112,33 @@ def test_the_ogg_crc_is_the_one_ffmpeg_writes():
 async def test_a_cut_while_the_encoding_thread_works_waits_for_it_and_drops_its_output():
     """The delivery task is cancelled while a piece is being encoded off the loop: `cut` waits for that
     call to end, and its pages, never sent, are numbered again."""
-    streamed = StreamedAudio("opus", 48000)
-    first = await streamed.encode(tone(0.3, 48000), inline=True)
-    streamed.sent()
-    task = asyncio.create_task(streamed.encode(tone(3.0, 48000)))
+    streamed = StreamedAudio("opus", 48000, 0.04, 2.0)
+    first = b""
+    async for data, _ in streamed.frames(tone(0.04, 48000)):  # the segment's first bytes, in the loop
+        first += data
+        streamed.sent()
+    assert first
+
+    async def rest():
+        async for _ in streamed.frames(tone(3.0, 48000)):  # 2 s pieces, on the encoding thread
+            pass
+
+    task = asyncio.create_task(rest())
     await asyncio.sleep(0)  # the encoding thread has the piece
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await streamed.cut()
-    after = await streamed.encode(tone(0.5, 48000), inline=True) + await streamed.end_segment()
+    after = b"".join([data async for data, _ in streamed.frames(tone(0.5, 48000))])
+    after += (await streamed.end_segment())[0]
     assert ogg_pages(after)[0] == ogg_pages(first)[-1] + 1
     assert decoded_samples(first + after, "opus") > 0
+
+
+async def test_seconds_follow_the_audio_each_frame_completes():
+    """Each handed-out frame says how much of the fed audio it completes: together, the segment's."""
+    streamed = StreamedAudio("mp3", 24000, 0.04, 0.2)
+    pieces = [item async for item in streamed.frames(tone(1.0, 24000))]
+    pieces.append(await streamed.end_segment())
+    assert sum(seconds for _, seconds in pieces) == pytest.approx(1.0)
+    assert all(data for data, _ in pieces)

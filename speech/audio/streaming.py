@@ -59,23 +59,39 @@ _threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefi
 
 
 class StreamedAudio:
-    """A SessionEncoder driven by a session's delivery on the event loop: a segment's first frame is
-    encoded at once, in the loop (a few codec frames: under a millisecond), the rest on an encoding
-    thread; and what it handed out is known to have been sent or not, so that `cut` keeps an Ogg stream
-    numbered on from the last page the client got."""
+    """A SessionEncoder driven by a session's delivery on the event loop. A segment's audio is encoded
+    `first_s` at a time in the loop until its first bytes come (a few codec frames: under a
+    millisecond or two), then `later_s` at a time on an encoding thread; and what it handed out is
+    known to have been sent or not, so that `cut` keeps an Ogg stream numbered on from the last page
+    the client got."""
 
-    def __init__(self, fmt, rate):
+    def __init__(self, fmt, rate, first_s, later_s):
         self.encoder = SessionEncoder(fmt, rate)
+        self.rate, self.first_s, self.later_s = rate, first_s, later_s
+        self._opening = True  # the segment has handed out nothing yet
+        self._fed_s = 0.0  # seconds of audio fed and not yet in bytes handed out
         self._working: asyncio.Future[bytes] | None = None
         self._unsent = False  # the last bytes handed out have not been `sent` yet
 
-    async def encode(self, samples, *, inline=False):
-        if inline:
-            return self._handed(self.encoder.encode(samples))
-        return await self._off_loop(self.encoder.encode, samples)
+    async def frames(self, samples):
+        """(bytes, seconds of audio they complete) for a chunk of the segment, whole codec frames each."""
+        at = 0
+        while at < samples.size:
+            piece = samples[at : at + int(self.rate * (self.first_s if self._opening else self.later_s))]
+            at += piece.size
+            self._fed_s += piece.size / self.rate
+            if self._opening:
+                data = self._handed(self.encoder.encode(piece))
+            else:
+                data = await self._off_loop(self.encoder.encode, piece)
+            if data:
+                yield data, self._seconds()
 
     async def end_segment(self):
-        return await self._off_loop(self.encoder.end_segment)
+        """(bytes, seconds) of the segment's tail, or None; the next `frames` begins a new segment."""
+        data = await self._off_loop(self.encoder.end_segment)
+        self._opening = True
+        return (data, self._seconds()) if data else None
 
     def sent(self):
         """The bytes last handed out are with the transport."""
@@ -88,7 +104,7 @@ class StreamedAudio:
             done = await asyncio.gather(working, return_exceptions=True)
             self._unsent = self._unsent or (isinstance(done[0], bytes) and bool(done[0]))
         self.encoder.cut(lost=self._unsent)
-        self._unsent = False
+        self._unsent, self._opening, self._fed_s = False, True, 0.0
 
     async def _off_loop(self, method, *args):
         self._working = asyncio.get_running_loop().run_in_executor(_threads, method, *args)
@@ -99,7 +115,13 @@ class StreamedAudio:
 
     def _handed(self, data):
         self._unsent = bool(data)
+        if data:
+            self._opening = False
         return data
+
+    def _seconds(self):
+        seconds, self._fed_s = self._fed_s, 0.0
+        return seconds
 
 
 class SessionEncoder:

@@ -84,8 +84,7 @@ class Pipeline:
         self._current: Job | None = None  # the job delivery is sending
         # Streamed mp3/opus/aac: one stream for the whole session, fed in delivery order (_stream_coded).
         coded = config.stream_audio and config.response_format in STREAMED_FORMATS
-        self._coder = StreamedAudio(config.response_format, self.rate) if coded else None
-        self._coded_s = 0.0  # seconds of audio given to the coder and not yet in a frame sent
+        self._coder = StreamedAudio(config.response_format, self.rate, FIRST_FRAME_S, FRAME_S) if coded else None
 
     @property
     def busy(self) -> bool:
@@ -340,7 +339,8 @@ class Pipeline:
                 collected.append(item)
         if self._coder is not None and job.announced:  # all of the segment's audio before its audio.done
             try:
-                await self._send_coded(job, await self._coder.end_segment())
+                if tail := await self._coder.end_segment():
+                    await self._send_coded(job, *tail)
             except EncodingError as exc:
                 failure = failure or server_error(str(exc))
         if failure is None and collected:
@@ -379,26 +379,16 @@ class Pipeline:
             at += size
 
     async def _stream_coded(self, job: Job, samples: np.ndarray) -> None:
-        """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames, encoded FIRST_FRAME_S at
-        a time in the loop until the segment's first frame is out (the encoder gathers a few codec
-        frames before its first one), then FRAME_S at a time on an encoding thread
-        (speech/audio/streaming.py): a cancel stops it within one frame (docs/decisions.md)."""
+        """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames as the session's encoder
+        makes them (speech/audio/streaming.py): a cancel stops it within one frame."""
         if not job.announced:
             await self._start(job)
-        at = 0
-        while at < samples.size:
-            step = int(self.rate * (FRAME_S if job.bytes_sent else FIRST_FRAME_S))
-            piece = samples[at : at + step]
-            at += piece.size
-            self._coded_s += piece.size / self.rate
-            data = await self._coder.encode(piece, inline=not job.bytes_sent)  # type: ignore[union-attr]
-            await self._send_coded(job, data)
+        async for data, seconds in self._coder.frames(samples):  # type: ignore[union-attr]
+            await self._send_coded(job, data, seconds)
 
-    async def _send_coded(self, job: Job, data: bytes) -> None:
-        if data:
-            seconds, self._coded_s = self._coded_s, 0.0
-            await self._send_audio(job, data, seconds)
-            self._coder.sent()  # type: ignore[union-attr]
+    async def _send_coded(self, job: Job, data: bytes, seconds: float) -> None:
+        await self._send_audio(job, data, seconds)
+        self._coder.sent()  # type: ignore[union-attr]
 
     async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
@@ -438,7 +428,6 @@ class Pipeline:
         await asyncio.gather(*tasks, return_exceptions=True)
         if delivery is not None and self._coder is not None:  # the stream goes on valid from the last frame sent
             await self._coder.cut()
-            self._coded_s = 0.0
         for job in jobs:  # a producer cancelled before its first step never took its engine stream
             if job.stream is not None:
                 await job.stream.aclose()  # type: ignore[attr-defined]  # engines' streams close

@@ -23,9 +23,10 @@ from django.views.decorators.csrf import csrf_exempt
 from . import auth, ratelimit
 from ..control import signals as control, registry
 from ..stream import events, messages, oneshot, protocol
-from .. import voices
+from .. import metrics, voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..audio.streaming import StreamedAudio
+from ..stream.frames import FIRST_FRAME_S, FRAME_S
 from ..conf import conf
 from ..engines import EngineBusy, get_engine
 from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
@@ -38,6 +39,15 @@ MULTIPART_SLACK = 64 * 1024  # room for the form's other fields and boundaries
 
 def error(status, message, *, type=BAD_REQUEST, param=None):
     return JsonResponse(events.RestError.of(status, message, type=type, param=param).dump(), status=status)
+
+
+def refusal(status, message, cause, *, type=SERVER_ERROR, param=None):
+    """A handled refusal (503, 429): counted and logged by cause at most once an interval (metrics.refused),
+    and kept out of django.request's log, which writes every 5xx response as an ERROR line."""
+    metrics.refused(cause, message)
+    response = error(status, message, type=type, param=param)
+    response._has_been_logged = True  # django.utils.log.log_response skips a response marked so
+    return response
 
 
 TOO_LARGE = events.RestError.of(413, "audio_sample is larger than 10 MiB", param="audio_sample").dump()
@@ -204,7 +214,7 @@ def _signal(request, session_id, kind):
             return _not_live(session_id)
         control.send_sync(kind, session_id)
     except control.SignalsUnavailable as exc:
-        return error(503, str(exc), type=SERVER_ERROR)
+        return refusal(503, str(exc), metrics.SIGNALS_UNAVAILABLE)
     return JsonResponse({"session_id": session_id, "signal": kind, "status": "accepted"}, status=202)
 
 
@@ -257,7 +267,7 @@ async def speech(request):
         return error(exc.code or 400, exc.message, type=exc.error_type, param=exc.param)
     wait = engine.estimated_wait()
     if wait > conf.MAX_QUEUE_WAIT_S:  # overloaded: refused before any work is accepted, as sessions are
-        response = error(503, QUEUE_FULL_MESSAGE, type=SERVER_ERROR)
+        response = refusal(503, QUEUE_FULL_MESSAGE, metrics.ENGINE_BUSY)
         response["Retry-After"] = str(math.ceil(wait))
         return response
     audio = oneshot.synthesize(engine, config, text)
@@ -269,7 +279,7 @@ async def speech(request):
         except SpeechError as exc:
             return _synthesis_error(exc)
         fmt, rate = config.response_format, config.sample_rate
-        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else StreamedAudio(fmt, rate)
+        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else StreamedAudio(fmt, rate, FIRST_FRAME_S, FRAME_S)
         response = StreamingHttpResponse(_stream(audio, first, encoder), content_type=CONTENT_TYPES[fmt])
         response["X-Sample-Rate"], response["X-Channels"] = str(rate), "1"
         if fmt == "pcm":
@@ -295,23 +305,37 @@ async def speech(request):
 
 def _synthesis_error(exc):
     """The engine's failure with its own class: bad input 400, rate limits 429, overload 503, else 500."""
+    if isinstance(exc, SpeechError) and exc.code == 429:
+        return refusal(429, exc.message, metrics.RATE_LIMITED, type=exc.error_type, param=exc.param)
     if isinstance(exc, SpeechError) and exc.code:
         return error(exc.code, exc.message, type=exc.error_type, param=exc.param)
-    return error(503 if isinstance(exc, EngineBusy) else 500, str(exc), type=SERVER_ERROR)
+    if isinstance(exc, EngineBusy):
+        return refusal(503, str(exc), metrics.ENGINE_BUSY)
+    return error(500, str(exc), type=SERVER_ERROR)
 
 
 async def _stream(audio, first, encoder):
     """Audio as it is made (raw bytes, or whole mp3/opus/aac frames of one stream); a failure past the
     first byte can only end the stream early."""
-    streamed = isinstance(encoder, StreamedAudio)
     try:
         if first is not None:
-            yield await encoder.encode(first) if streamed else encoder.encode(first)
+            async for data in _encoded(encoder, first):
+                yield data
         async for chunk in audio:
-            yield await encoder.encode(chunk) if streamed else encoder.encode(chunk)
-        if streamed:
-            yield await encoder.end_segment()
+            async for data in _encoded(encoder, chunk):
+                yield data
+        if isinstance(encoder, StreamedAudio) and (tail := await encoder.end_segment()):
+            yield tail[0]
     except (SpeechError, EncodingError) as exc:
         logger.warning("speech stream ended early: %s", exc)
     finally:
         await audio.aclose()
+
+
+async def _encoded(encoder, chunk):
+    """A chunk's bytes: raw at once, or the whole codec frames the session's encoder makes of it."""
+    if isinstance(encoder, StreamedAudio):
+        async for data, _ in encoder.frames(chunk):
+            yield data
+    else:
+        yield encoder.encode(chunk)

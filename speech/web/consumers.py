@@ -41,8 +41,10 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         except asyncio.CancelledError:
             # The server is stopping (daphne cancels every application on SIGTERM).
             if self.session is not None:
-                await self.session.terminate(SHUTDOWN_MESSAGE)
-                await self.admission.release(self.session)
+                try:
+                    await self.session.terminate(SHUTDOWN_MESSAGE)
+                finally:  # whatever the goodbye met, the session's end is recorded
+                    await self.admission.release(self.session)
             raise
 
     async def dispatch(self, message):
