@@ -14,7 +14,7 @@ export class Player {
     this.node = null;
     this.ready = null;
     this.generation = 0;
-    this.chunks = []; // Float32Array per frame of the current utterance
+    this.chunks = []; // Int16Array per frame of the current utterance
     this.decoder = null; // StreamDecoder of a compressed stream
     this.expected = 0; // samples the frames pushed so far decode to
     this.codecFrame = 0; // samples of the compressed stream's codec frame (0: raw)
@@ -91,14 +91,15 @@ export class Player {
       const pcm = format === "pcm" ? new Int16Array(bytes.slice(0, bytes.byteLength & ~1))
         : format === "mulaw" ? decodeMulaw(new Uint8Array(bytes)) : decodeAlaw(new Uint8Array(bytes));
       samples = pcm.length;
-      this.play(Float32Array.from(pcm, (v) => v / 32768));
+      this.play(Float32Array.from(pcm, (v) => v / 32768), pcm);
     }
     this.expected += samples;
     return samples;
   }
 
-  play(samples) {
-    this.chunks.push(samples.slice());
+  // Float samples to the worklet; kept as 16-bit (`pcm`, when the frame was that already).
+  play(samples, pcm = Int16Array.from(samples, (v) => Math.max(-32768, Math.min(32767, Math.round(v * 32768))))) {
+    this.chunks.push(pcm);
     this.received += samples.length;
     this.buffered += samples.length;
     this.node.port.postMessage({ type: "samples", generation: this.generation, samples }, [samples.buffer]);
@@ -144,7 +145,7 @@ export class Player {
     for (const chunk of this.chunks) {
       if (at >= heard.length) break;
       const part = chunk.subarray(0, heard.length - at);
-      heard.set(part.map((v) => Math.max(-32768, Math.min(32767, Math.round(v * 32768)))), at);
+      heard.set(part, at);
       at += part.length;
     }
     return wavFile(heard, this.rate);
