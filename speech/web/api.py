@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import math
+import time
 
 import numpy as np
 from asgiref.sync import sync_to_async
@@ -27,7 +28,7 @@ from .. import metrics, voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..audio.streaming import StreamedAudio
 from ..stream.frames import FIRST_FRAME_S, FRAME_S
-from ..conf import conf
+from ..conf import conf, voice_aliases
 from ..engines import EngineBusy, get_engine
 from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
 from ..models import Scope, Voice
@@ -168,6 +169,31 @@ def _upload(request):
     return JsonResponse(_describe(voice), status=201)
 
 
+STARTED = int(time.time())  # a model's `created`: when this process began serving it
+
+
+def served_models():
+    """OpenAI's model objects for what this server serves: its engine, and an upstream's model when set."""
+    engine = get_engine().capabilities.name
+    ids = [engine] + ([conf.UPSTREAM_MODEL] if engine == "openai" and conf.UPSTREAM_MODEL else [])
+    return [{"id": model, "object": "model", "created": STARTED, "owned_by": "speech-server"} for model in ids]
+
+
+@api_view("GET")
+def model_list(request):
+    """OpenAI's `GET /v1/models`; clients that list models before speaking find the engine here."""
+    return JsonResponse({"object": "list", "data": served_models()})
+
+
+@api_view("GET")
+def model_detail(request, model):
+    """OpenAI's `GET /v1/models/<model>`."""
+    found = next((m for m in served_models() if m["id"] == model), None)
+    if found is None:
+        return error(404, f"model '{model}' not found", type="not_found_error", param="model")
+    return JsonResponse(found)
+
+
 @api_view("DELETE", scopes=(Scope.VOICES, Scope.ADMIN))
 def voice_detail(request, name):
     voice = Voice.objects.filter(name__iexact=name).first()
@@ -261,6 +287,7 @@ async def speech(request):
             sync_to_async(voices.find_voice),
             messages.SpeechRequest,
             max_input_chars=conf.MAX_SEGMENT_CHARS,
+            voice_aliases=voice_aliases(),
         )
         config, text, stream = read.config, read.input, read.stream
     except SpeechError as exc:

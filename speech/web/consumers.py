@@ -14,7 +14,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import voices
-from ..conf import stream_limits
+from ..conf import stream_limits, voice_aliases
 from ..engines import get_engine
 from ..stream.session import SpeechSession
 from . import budget
@@ -72,6 +72,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             self.engine or get_engine(),
             stream_limits(),
             find_voice=_find_voice,
+            voice_aliases=voice_aliases(),
             on_configured=self.admission.register,
             parse_large=budget.parse_large_config,
         )
