@@ -3,120 +3,34 @@ it loads clean, plays what the server sends through its AudioWorklet, stops at o
 by word before the text is complete, shows server errors and goes on; with keys required, the
 token flows work and the key is kept nowhere. The README's screenshot is taken here."""
 
-import base64
 import re
 
 import numpy as np
 import pytest
 
-from tests.support.browser import chromium, needs_chromium
+from tests.support.browser import needs_chromium
 from tests.support.live import PROJECT_ROOT, serving, wait_for
+from tests.support.playground import (  # noqa: F401 (the fixtures server and browser)
+    TWO_SENTENCES,
+    browser_fixture,
+    click,
+    console_errors,
+    finished,
+    heard,
+    js,
+    open_page,
+    server_fixture,
+    set_text,
+    speak_enabled,
+    utterance,
+    utterance_field,
+)
 from tests.support.speech_check import assert_heard
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy, needs_chromium]
 SCREENSHOT = PROJECT_ROOT / "docs" / "playground.png"
-TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. Then it runs into the forest."
 LONG = " ".join(f"This is sentence number {n}, and it goes on for a little while." for n in range(1, 13))
 PASSWORD = "a-long-test-password-1"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari"}) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
-        yield driver
-
-
-def js(browser, expression):
-    return browser.execute_script(f"return {expression};")
-
-
-def speak_enabled(browser):
-    """Whether the page's Speak button is enabled; False while no page with it is shown: a click that
-    navigates (the admin login's submit) returns before the next page is there."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-
-    try:
-        return browser.find_element(By.ID, "speak").is_enabled()
-    except (NoSuchElementException, StaleElementReferenceException):
-        return False
-
-
-def open_page(browser, url):
-    from selenium.webdriver.common.by import By
-
-    browser.get(url)
-    wait_for(lambda: browser.find_element(By.ID, "speak").is_enabled(), "the page is ready to speak")
-
-
-def set_text(browser, text, mode="whole", pace=120):
-    browser.execute_script(
-        """
-        const [text, mode, pace] = arguments;
-        document.getElementById("text").value = text;
-        document.getElementById("mode").value = mode;
-        document.getElementById("pace").value = pace;
-    """,
-        text,
-        mode,
-        pace,
-    )
-
-
-def click(browser, element_id):
-    from selenium.webdriver.common.by import By
-
-    browser.find_element(By.ID, element_id).click()
-
-
-def utterance(browser):
-    return js(browser, "window.playground.utterance")
-
-
-def utterance_field(browser, name):
-    """A field of the current utterance, or None while the page has not started one yet (right
-    after a click)."""
-    u = utterance(browser)
-    return None if u is None else u[name]
-
-
-def finished(browser):
-    """The session has closed and the worklet has played everything it was given."""
-    u = utterance(browser)
-    return (
-        u
-        and u["closed"]
-        and js(browser, "window.playground.buffered") == 0
-        and js(browser, "window.playground.played") == js(browser, "window.playground.received")
-    )
-
-
-def console_errors(browser):
-    return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
-
-
-def heard(browser):
-    """The page's "download" WAV, decoded: (samples as float, rate)."""
-    import io
-
-    import soundfile
-
-    data = browser.execute_async_script("""
-        const done = arguments[0];
-        window.playground.heardWav().arrayBuffer().then((buffer) => {
-            let text = "";
-            new Uint8Array(buffer).forEach((b) => { text += String.fromCharCode(b); });
-            done(btoa(text));
-        });
-    """)
-    samples, rate = soundfile.read(io.BytesIO(base64.b64decode(data)), dtype="float32")
-    return samples, rate
 
 
 def test_page_loads_with_no_console_errors(server, browser):

@@ -2,9 +2,11 @@
 // `window.playground` exposes what the page measures (samples played, buffered, received), for
 // people curious in the console and for the browser tests.
 
+import { STREAMED, StreamDecoder } from "./codecs.js";
 import { Player } from "./player.js";
 import { NOTHING_TO_SPEAK, describeFailure, describeResponse, insecureContext } from "./messages.js";
 import { Utterance, speakable, wsUrl } from "./utterance.js";
+import { WordView } from "./words.js";
 
 const settings = JSON.parse(document.getElementById("playground-settings").textContent);
 const $ = (id) => document.getElementById(id);
@@ -15,6 +17,7 @@ let utterance = null;
 let lastStop = null;
 const player = new Player(onStats);
 const canPlay = Player.supported; // false outside a secure context: Speak stays off, the page says why
+const words = new WordView($("words"), { box: $("heard"), spoken: $("spoken"), unspoken: $("unspoken") });
 
 function status(text) { $("status").textContent = text; }
 
@@ -41,8 +44,10 @@ function describeEvent(source, event) {
   if (source === "close") return `closed ${event.code}${event.reason ? ` ${event.reason}` : ""}`;
   const { type, ...fields } = event;
   const shown = (v) => (typeof v === "string" && v.length > 80 ? `${v.slice(0, 77)}…` : v);
+  // A list (audio.timestamps' words) is counted, not printed: the full event is in the browser's tools.
+  const value = (v) => (Array.isArray(v) ? `[${v.length} items]` : JSON.stringify(shown(v)));
   const brief = Object.entries(fields).filter(([k]) => k !== "limits" && k !== "session")
-    .map(([k, v]) => `${k}=${JSON.stringify(shown(v))}`).join(" ");
+    .map(([k, v]) => `${k}=${value(v)}`).join(" ");
   return `${source === "client" ? "→" : "←"} ${type} ${brief}`;
 }
 
@@ -62,6 +67,7 @@ const view = {
     const cells = [row.index, row.text, row.ttfa == null ? "" : `${Math.round(row.ttfa)} ms`, `${seconds} s`, row.end];
     cells.forEach((value, i) => { tr.cells[i].textContent = value; });
   },
+  words,
   error: showError,
   hasError: () => !$("error").hidden,
   ended(finished) {
@@ -88,7 +94,14 @@ function onStats(message) {
     status(`Stopped: silent ${Math.round(performance.now() - lastStop)} ms after Stop.`);
     lastStop = null;
   }
+  if (utterance) utterance.finishWhenPlayed();
   if (player.buffered === 0 && (!utterance || utterance.closed)) setStop(false);
+}
+
+// Each displayed frame, the word under the playback position (the AudioContext's clock) is marked.
+function follow() {
+  if (player.rate) words.show((1000 * player.heard()) / player.rate);
+  requestAnimationFrame(follow);
 }
 
 // -- credentials ---------------------------------------------------------------------------------
@@ -167,7 +180,7 @@ async function loadVoices(key) {
 // -- Speak, Stop, Download ------------------------------------------------------------------------
 function config() {
   const session = { response_format: $("format").value, stream_audio: true, split_granularity: $("split").value,
-                    voice: $("voice").value, speed: Number($("speed").value) };
+                    voice: $("voice").value, speed: Number($("speed").value), timestamps: "word" };
   if ($("rate").value) session.sample_rate = Number($("rate").value);
   return session;
 }
@@ -183,6 +196,7 @@ async function speak() {
   }
   if (utterance) utterance.stop();
   $("segments").tBodies[0].replaceChildren();
+  words.reset();
   $("speak").disabled = true;
   $("download").disabled = true;
   status("Connecting…");
@@ -204,7 +218,8 @@ class SpeakError extends Error {} // a failure already in words (credentials)
 
 async function startUtterance(text) {
   const session = config();
-  const expectedRate = session.sample_rate || (session.response_format === "pcm" ? settings.nativeRate : 8000);
+  const fmt = session.response_format;
+  const expectedRate = fmt === "opus" ? 48000 : session.sample_rate || (["mulaw", "alaw"].includes(fmt) ? 8000 : settings.nativeRate);
   // In the click itself: browsers let a page start audio only in answer to a gesture.
   const ready = player.prepare(expectedRate);
   ready.catch(() => {}); // awaited below, after the credential: reported there, once
@@ -238,14 +253,17 @@ window.playground = {
   get buffered() { return player.buffered; },
   get received() { return player.received; },
   get rate() { return player.rate; },
+  get heardMs() { return player.rate ? (1000 * player.heard()) / player.rate : 0; },
+  get audioContext() { return player.context; },
   get utterance() {
     const u = utterance;
     return u && { closed: u.closed, framesSent: u.framesSent, bytesReceived: u.bytesReceived, bytesAnnounced: u.bytesAnnounced,
                   wordsSent: u.wordsSent, wordsTotal: u.wordsTotal, wordsAtFirstAudio: u.wordsAtFirstAudio,
-                  cancelledSentences: u.cancelledSentences,
+                  cancelledSentences: u.cancelledSentences, playedMs: u.playedMs ?? null, cancelled: u.cancelled ?? null,
                   segments: [...u.segments.values()].map((s) => ({ ...s })) };
   },
   heardWav: () => player.heardWav(),
+  get highlights() { return [...words.highlights]; },
 };
 
 $("speak").addEventListener("click", speak);
@@ -253,10 +271,19 @@ $("stop").addEventListener("click", stop);
 $("download").addEventListener("click", download);
 $("key-form").addEventListener("submit", useKey);
 
+// Compressed streams are decoded by WebCodecs: where the browser has none, they cannot be chosen.
+if (!StreamDecoder.supported()) {
+  for (const option of $("format").options) {
+    if (!STREAMED.includes(option.value)) continue;
+    option.disabled = true;
+    option.textContent += " (this browser has no WebCodecs decoder)";
+  }
+}
 if (!canPlay) {
   showError(insecureContext(location.host));
   status("Cannot play on this page.");
 }
+requestAnimationFrame(follow);
 if (settings.voices) fillVoices(settings.voices);
 else if (settings.requireKey && !settings.staff) { askForKey(); status("Waiting for an API key."); }
 else loadVoices(null);

@@ -34,10 +34,11 @@ class PcmPlayer extends AudioWorkletProcessor {
     this.report(message.type);
   }
 
-  report(reason) {
+  // `time`: when, on the AudioContext clock, the output reaches the `played` samples.
+  report(reason, time = currentTime) {
     this.sinceReport = 0;
     this.port.postMessage({ type: "stats", reason, generation: this.generation, played: this.played,
-                            buffered: this.buffered, time: currentTime });
+                            buffered: this.buffered, time });
   }
 
   process(inputs, outputs) {
@@ -59,7 +60,9 @@ class PcmPlayer extends AudioWorkletProcessor {
       this.played += filled;
       this.buffered -= filled;
       this.sinceReport += out.length;
-      if (this.buffered === 0 || this.sinceReport >= REPORT_EVERY_S * sampleRate) this.report("played");
+      if (this.buffered === 0 || this.sinceReport >= REPORT_EVERY_S * sampleRate) {
+        this.report("played", currentTime + filled / sampleRate);
+      }
     }
     return true;
   }
