@@ -38,7 +38,7 @@ from .signal import pcm16
 # format -> (FFmpeg encoder, options, bit rate); docs/decisions.md says why.
 ENCODERS = {
     "mp3": ("libmp3lame", {"compression_level": "7", "reservoir": "0"}, None),
-    "opus": ("libopus", {"application": "audio", "compression_level": "0"}, 32000),
+    "opus": ("libopus", {"application": "voip", "compression_level": "0"}, 32000),
     "aac": ("aac", {"aac_coder": "fast"}, None),
 }
 _priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
