@@ -131,7 +131,10 @@ class SessionEncoder:
         self.fmt, self.rate = fmt, rate
         self.frame_size, self.priming = _measure(fmt, rate)
         self._ogg = OggOpusPages() if fmt == "opus" else None
-        self._codec = None  # the current segment's encoder, made at its first samples
+        self._codec = None  # the current segment's encoder, from its first samples
+        # The next segment's encoder, opened ahead (LAME's open takes about half a millisecond): after a
+        # segment's tail, on the encoding thread, not on the way to the next segment's first frame.
+        self._ready = _open(fmt, rate)
         self._lead = 0  # zeros fed before the segment's first sample
         self._fed = 0  # samples fed to the current encoder, zeros included
         self._pending = np.zeros(0, np.int16)  # fed samples not yet a whole codec frame
@@ -140,7 +143,7 @@ class SessionEncoder:
         """Whole frames (pages) of `samples`, float32 mono at the session's rate; b"" while the encoder
         still gathers a frame."""
         if self._codec is None:
-            self._codec = _open(self.fmt, self.rate)
+            self._codec, self._ready = self._ready or _open(self.fmt, self.rate), None
             self._lead = (self.frame_size - self.priming % self.frame_size) % self.frame_size
             self._fed = 0
             self._pending = np.zeros(self._lead, np.int16)
@@ -157,6 +160,7 @@ class SessionEncoder:
         tail = np.zeros(-self._pending.size % self.frame_size, np.int16)
         packets = self._frames(np.concatenate([self._pending, tail]), flush=True)
         self._codec, self._pending = None, np.zeros(0, np.int16)
+        self._ready = self._ready or _open(self.fmt, self.rate)
         return self._wrap([packet for packet in packets if packet[0] < end])
 
     def cut(self, lost):
@@ -164,6 +168,7 @@ class SessionEncoder:
         last bytes `encode` or `end_segment` returned never reached the client (an Ogg stream then
         numbers its next page as if they had not been made)."""
         self._codec, self._pending = None, np.zeros(0, np.int16)
+        self._ready = self._ready or _open(self.fmt, self.rate)
         if lost and self._ogg is not None:
             self._ogg.rewind()
 
