@@ -42,9 +42,10 @@ ENCODERS = {
     "aac": ("aac", {"aac_coder": "fast"}, None),
 }
 _priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
-# The encoding threads' niceness over the process's: below the synthesis threads' (+5, speech/engines/pool.py),
-# so that synthesis, which every session's first audio waits for, goes first (weight 110 against 335).
-ENCODE_NICE = 10
+# The encoding threads' niceness over the process's: the synthesis threads' (speech/engines/pool.py), below the
+# event loop's. Below synthesis (+10), a session's later frames waited behind everything else on a busy
+# machine: 4 sessions at once took 2.2x pcm's wall time for mp3 against 1.8x at +5 (docs/decisions.md).
+ENCODE_NICE = 5
 
 
 def _lower_priority():
@@ -53,8 +54,8 @@ def _lower_priority():
 
 
 # FFmpeg's encoders release the GIL: sessions' audio is encoded here, beside the event loop, which an
-# encoder would hold for milliseconds, and below the synthesis threads' priority, over which the loop's
-# would take precedence (docs/decisions.md). A segment's first frame is encoded in the loop.
+# encoder would hold for milliseconds, and at the synthesis threads' priority, over which the loop's would
+# take precedence (docs/decisions.md). A segment's first frame is encoded in the loop.
 _threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_lower_priority)
 
 
