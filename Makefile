@@ -3,15 +3,19 @@
 # make test-fast: only the in-process tier (no live server, Whisper, browser or deployment), under a minute.
 # make lint : ruff (lint) and mypy, configured in pyproject.toml; no network beyond pip.
 # make bench: the benchmarks in bench/, which write bench/RESULTS.md.
+# make test-integrations: the Pipecat and LiveKit packages (integrations/) inside the real frameworks,
+#   in a virtualenv of their own (.venv-integrations), against a live daphne; part of make test.
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+INT_VENV := .venv-integrations
+INT_PY := $(INT_VENV)/bin/python
 export HOST PORT
 
-.PHONY: run test test-fast lint bench install install-dev system-test-deps test-services check-python migrate clean
+.PHONY: run test test-fast test-integrations lint bench install install-dev system-test-deps test-services check-python migrate clean
 
 # Python 3.11 or newer, checked before anything is installed (a 3.10 fails deep inside pip, on numpy).
 # The venv's own interpreter once it exists, else $(PYTHON).
@@ -32,6 +36,17 @@ $(VENV)/.installed: $(PY) requirements.txt constraints.txt
 
 $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	touch $@
+
+# Pipecat and LiveKit Agents pin their own dependencies: they get a virtualenv of their own.
+$(INT_PY): | check-python
+	$(PYTHON) -m venv $(INT_VENV)
+	$(INT_PY) -m pip install --quiet --upgrade pip
+
+$(INT_VENV)/.installed: $(INT_PY) integrations/requirements.txt integrations/constraints.txt \
+		integrations/pipecat/pyproject.toml integrations/livekit/pyproject.toml
+	$(INT_PY) -m pip install --quiet -r integrations/requirements.txt -c integrations/constraints.txt \
+		-e integrations/pipecat -e integrations/livekit
 	touch $@
 
 # Debian packages the tests use (the README lists them): a real browser for the admin and the
@@ -62,6 +77,11 @@ run: check-python migrate
 
 test: check-python install-dev migrate
 	$(PY) manage.py test
+	$(MAKE) test-integrations
+
+# The daphne these tests start runs on the server's venv; the frameworks run on their own.
+test-integrations: $(VENV)/.installed $(INT_VENV)/.installed
+	cd integrations && ../$(INT_PY) -m pytest -q
 
 # The tiers are pytest markers (pytest.ini); tests/conftest.py refuses a module in the wrong tier.
 test-fast: $(VENV)/.installed-dev migrate
@@ -79,6 +99,7 @@ bench: install-dev migrate
 	$(PY) bench/upstream.py
 	$(PY) bench/throughput.py
 	$(PY) bench/handshake.py
+	$(PY) bench/timestamps.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(INT_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,6 @@
 """Stress: hostile and unlucky clients against a real daphne (Hibari, 2 workers), one scenario at a time.
 
     .venv/bin/python bench/stress.py [--reduced] [--only NAME ...] [--seed N] [--no-write]
-    .venv/bin/python bench/stress.py --soak MINUTES      # not in CI: memory slope under a steady mix
 
 Starts its own `manage.py serve` (tests/support/live.DaphneServer: free port, private SQLite) with
 SPEECH_ENGINE_WORKERS=2, and a private `redis-server` for the Redis scenario.
@@ -220,36 +219,6 @@ async def cancel_back(server, timeout=60.0):
     raise AssertionError("REST cancel did not work again after the Redis restart")
 
 
-# -- soak ------------------------------------------------------------------------------------------------
-
-
-def soak(server, watch, minutes, rng):
-    """A steady mix (speaking sessions, fuzz, disconnects, a large config) for `minutes`; RSS sampled
-    after each round once the server is idle. The slope is a least-squares fit in MB per hour."""
-    samples = []
-    started = time.monotonic()
-    while time.monotonic() - started < minutes * 60:
-
-        async def round_():
-            await asyncio.gather(
-                overload_burst(server.ws_url, 6, 10),
-                fuzz(server.ws_url, rng, 200),
-                disconnects(server, rng, 20),
-                large_configs(server.ws_url, 2, 4 * 1024 * 1024),
-            )
-
-        asyncio.run(round_())
-        settle(server, watch)
-        samples.append(((time.monotonic() - started) / 3600, watch.rss() / MB))
-        print(f"soak {samples[-1][0] * 60:5.1f} min  RSS {samples[-1][1]:.0f} MB", flush=True)
-    hours = [h for h, _ in samples]
-    mbs = [m for _, m in samples]
-    mean_h, mean_m = sum(hours) / len(hours), sum(mbs) / len(mbs)
-    spread = sum((h - mean_h) ** 2 for h in hours)
-    slope = sum((h - mean_h) * (m - mean_m) for h, m in samples) / spread if spread else 0.0
-    return samples, slope
-
-
 # -- main --------------------------------------------------------------------------------------------------
 
 HEAD = (
@@ -264,7 +233,6 @@ def main():
     parser.add_argument("--reduced", action="store_true", help="small sizes: proves the script works")
     parser.add_argument("--only", nargs="*", choices=sorted(FULL), help="run only these scenarios")
     parser.add_argument("--seed", type=int, default=15)
-    parser.add_argument("--soak", type=float, metavar="MINUTES", help="soak mode instead of the scenarios")
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args()
     sizes = REDUCED if args.reduced else FULL
@@ -273,13 +241,6 @@ def main():
     try:
         with DaphneServer({**SERVER_ENV, "REDIS_URL": redis_server.url()}, start_timeout=180) as server:
             watch = ProcWatch(server.proc.pid)
-            if args.soak:
-                samples, slope = soak(server, watch, args.soak, rng)
-                print(
-                    f"soak: {len(samples)} rounds in {args.soak} min, RSS {samples[0][1]:.0f} -> {samples[-1][1]:.0f} MB, "
-                    f"slope {slope:+.1f} MB/hour"
-                )
-                return
             rows = []
             chosen = args.only or list(FULL)
             print(HEAD)

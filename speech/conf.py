@@ -11,9 +11,11 @@ imports nothing of the app at load: the allowed values of a choice are named by 
 imported only when the checks run.
 """
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,6 +63,26 @@ UPSTREAM_URL = Rule(
     "URL of an OpenAI-compatible speech server, e.g. http://gpu-host:8000/v1.",
     _http_url,
 )
+
+
+# SPEECH_VOICE_ALIASES' default: every built-in voice of the openai SDK's types (`audio.speech`'s
+# voices and the Live API's BuiltInVoice, openai 3.57) and the default voice of the omni servers'
+# example clients: Qwen3-TTS's `Vivian` (vLLM-omni's streaming_speech_client.py and sglang-omni's
+# QWEN3_TTS_DEFAULT_CUSTOM_VOICE) and Qwen3-Omni's `Ethan` (sglang-omni's talker). `default` is the
+# engine's default voice.
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "beacon", "bossa", "cedar", "cinder", "coral", "delta", "echo", "fable", "gleam",
+    "marin", "meridian", "nova", "onyx", "quartz", "ripple", "sage", "shida", "shimmer", "stone", "tempo",
+    "verse", "vesper", "willow",
+)  # fmt: skip
+OMNI_VOICES = ("vivian", "ethan")
+
+
+def _alias_pairs(value, _):
+    return all(len(item.split("=")) == 2 and all(part.strip() for part in item.split("=")) for item in value)
+
+
+VOICE_ALIASES = Rule("speech.E009", "{name} must be a comma list of alias=voice pairs; got {value!r}.", _alias_pairs)
 
 
 @dataclass(frozen=True)
@@ -158,6 +180,15 @@ SETTINGS = (
     ),
     # empty: speech/web/origin.py follows DJANGO_ALLOWED_HOSTS
     Setting("SPEECH_ALLOWED_ORIGINS", "list", [], "browser origins allowed on the WebSocket", shown="`DJANGO_ALLOWED_HOSTS`"),
+    Setting(
+        "SPEECH_VOICE_ALIASES",
+        "list",
+        [f"{name}=default" for name in OPENAI_VOICES + OMNI_VOICES],
+        "`alias=voice,alias=voice`: other servers' voice names taken for voices here (`default`: the engine's "
+        "default voice); empty turns the defaults off; an alias never hides an uploaded or engine voice of its name",
+        shown="OpenAI's voice names (`alloy`, `ash`, … `verse`, `marin`, `cedar`), `vivian`, `ethan` → `default`",
+        rule=VOICE_ALIASES,
+    ),
     Setting("SPEECH_WARM_UP", "bool", True, "warm the engine up before daphne listens (upstream: learn its voices)"),
     # SPEECH_ENGINE=openai: an OpenAI-compatible speech server (sglang-omni, vLLM-omni, OpenAI)
     Setting(
@@ -270,3 +301,15 @@ def stream_limits():
         max_segment_chars=conf.MAX_SEGMENT_CHARS,
         max_contexts=conf.MAX_CONTEXTS,
     )
+
+
+def voice_aliases():
+    """SPEECH_VOICE_ALIASES as the session core takes it: lower-cased alias -> voice (read per session,
+    so a changed setting applies at once; parsed once per value)."""
+    return _alias_map(tuple(conf.VOICE_ALIASES))
+
+
+@functools.cache
+def _alias_map(items):
+    pairs = (item.split("=", 1) for item in items if "=" in item)
+    return MappingProxyType({alias.strip().lower(): voice.strip() for alias, voice in pairs})

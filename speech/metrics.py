@@ -14,6 +14,7 @@ import contextlib
 import hmac
 import ipaddress
 import logging
+import threading
 import time
 import weakref
 
@@ -65,6 +66,11 @@ CANCELS = Counter("speech_cancels", "Barge-ins (input.cancelled), by origin: cli
 ERRORS = Counter("speech_errors", "error events sent to WebSocket clients, by error_type and code", ["type", "code"])
 AUDIO_BYTES = Counter("speech_audio_sent_bytes", "Audio bytes sent to WebSocket clients")
 AUDIO_SECONDS = Counter("speech_audio_sent_seconds", "Seconds of audio sent to WebSocket clients")
+REFUSALS = Counter(
+    "speech_refusals",
+    "Requests and sessions refused as designed (overload, limits, control signals unavailable), by cause",
+    ["cause"],
+)
 REST_REQUESTS = Counter(
     "speech_rest_requests", "HTTP API requests, by endpoint (route name), method and status", ["endpoint", "method", "status"]
 )
@@ -115,6 +121,32 @@ def session_ended(session):
         pipeline.bytes_sent if pipeline else 0,
         f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none",
     )
+
+
+# -- handled refusals ------------------------------------------------------------------------------
+# A refusal is the server working as designed (503 while control signals are unavailable or the engine is
+# full, 429 and close 4013 at a limit), so it is never an ERROR, and an outage or an overload that refuses
+# a request a millisecond must not write a line a millisecond: one WARNING line per cause per interval,
+# saying how many were refused since the last one; every refusal counts in speech_refusals_total.
+REFUSAL_LOG_INTERVAL_S = 30.0
+SIGNALS_UNAVAILABLE, ENGINE_BUSY, RATE_LIMITED = "signals_unavailable", "engine_busy", "rate_limited"
+KEY_SESSION_LIMIT, MEMORY_BUDGET = "key_session_limit", "memory_budget"
+_refusal_lines: dict[str, tuple[float, int]] = {}  # cause -> (when its last line was written, refusals since)
+_refusal_lock = threading.Lock()  # REST views also run in Django's threads
+
+
+def refused(cause, detail):
+    """Count a handled refusal of `cause`, and log it unless a line for that cause was written lately."""
+    REFUSALS.labels(cause).inc()
+    now = time.monotonic()
+    with _refusal_lock:
+        last, since = _refusal_lines.get(cause, (-REFUSAL_LOG_INTERVAL_S, 0))
+        if now - last < REFUSAL_LOG_INTERVAL_S:
+            _refusal_lines[cause] = (last, since + 1)
+            return
+        _refusal_lines[cause] = (now, 0)
+    more = f" (and {since} more since the last line)" if since else ""
+    logger.warning("refused (%s): %s%s", cause, detail, more)
 
 
 # -- audio (speech/stream/pipeline.py) ---------------------------------------------------------

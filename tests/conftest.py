@@ -167,3 +167,18 @@ def pytest_collection_modifyitems(config, items):
             wrong.append(f"{module.path.name} {problem}")
     if wrong:
         raise pytest.UsageError("test tiers (tests/support/tiers.py):\n  " + "\n  ".join(wrong))
+
+
+def pytest_collection_finish(session):
+    """The reduced soak (tests/test_soak.py) runs for five minutes beside the rest of the run: started here
+    when its test is selected (tests/support/soak_run.py)."""
+    if any(item.nodeid.startswith("tests/test_soak.py") for item in session.items) and not session.config.option.collectonly:
+        from .support import soak_run
+
+        soak_run.start()
+
+
+def pytest_sessionfinish(session):
+    from .support import soak_run
+
+    soak_run.stop()

@@ -12,24 +12,12 @@ from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient, override_settings
 
 import speech.engines
-from speech.engines.fake import FakeEngine
 
-from .support.communicator import HANG_GUARD_S, PATH, application, event, output, send
+from .support.communicator import HANG_GUARD_S, PATH, QueuedEngine, application, event, output, send
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 QUEUE_FULL = {"type": "error", "message": "The request queue is full.", "error_type": "server_error"}
-
-
-class QueuedEngine(FakeEngine):
-    """A FakeEngine whose synthesis queue would make a new session wait `wait_s` seconds."""
-
-    def __init__(self, wait_s, **kwargs):
-        super().__init__(**kwargs)
-        self.wait_s = wait_s
-
-    def estimated_wait(self):
-        return self.wait_s
 
 
 async def test_a_new_session_is_refused_with_4013_while_the_wait_is_over_the_bound():

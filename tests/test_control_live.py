@@ -25,8 +25,6 @@ import signal
 import sqlite3
 import subprocess
 import tempfile
-import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -50,6 +48,7 @@ from tests.support.live import (
 from tests.support.redis_server import RedisServer
 from tests.support.sessions import (
     CONFIG,
+    Admin,
     acted_on_cancel,
     assert_healthy,
     cancel_path,
@@ -453,50 +452,6 @@ async def test_admin_lists_live_sessions_and_terminates_one_on_another_instance(
     assert sid not in page
     page = await asyncio.to_thread(admin.get, "/admin/speech/sessionrecord/?status__exact=terminated")
     assert sid in page
-
-
-class Admin:
-    """A session-authenticated browser-like client (cookies, CSRF token) for Django's admin."""
-
-    def __init__(self, server):
-        self.base = server.http_url
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
-
-    def get(self, path):
-        with self.opener.open(self.base + path, timeout=30) as response:
-            return response.read().decode()
-
-    def post(self, path, fields):
-        data = urllib.parse.urlencode(fields, doseq=True).encode()
-        with self.opener.open(self.base + path, data, timeout=30) as response:
-            return response.read().decode()
-
-    @staticmethod
-    def token(page):
-        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
-        assert match, "no CSRF token on the page"
-        return match.group(1)
-
-    def login(self, username, password):
-        page = self.get("/admin/login/?next=/admin/")
-        page = self.post(
-            "/admin/login/?next=/admin/",
-            {"username": username, "password": password, "csrfmiddlewaretoken": self.token(page), "next": "/admin/"},
-        )
-        assert "Log out" in page or "logout" in page, "admin login failed"
-
-    def action(self, path, action, selected):
-        page = self.get(path)
-        return self.post(
-            path,
-            {
-                "csrfmiddlewaretoken": self.token(page),
-                "action": action,
-                "index": "0",
-                "select_across": "0",
-                "_selected_action": selected,
-            },
-        )
 
 
 # -- voices ending their sessions --------------------------------------------------------------------------

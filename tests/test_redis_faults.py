@@ -209,7 +209,9 @@ async def test_2_with_redis_down_sessions_work_and_control_answers_503(setup):
     wait_for(lambda: setup.status(sid) == "completed", "registry outcome")
     for server in (setup.a, setup.b):
         server.assert_no_traceback()
+        assert "ERROR django.request" not in server.stderr_text()  # a handled 503 is no error (speech.metrics.refused)
     assert setup.a.stderr_text().count("channel layer: Redis unavailable") == 1
+    assert setup.b.stderr_text().count("refused (signals_unavailable)") == 1  # 3 refusals, one line
 
 
 async def test_3_when_redis_is_back_signals_flow_again_without_a_restart(setup):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from tests.support import tiers
@@ -45,10 +47,13 @@ def test_no_test_module_is_imported_by_another():
     """Shared code lives in tests/support/ (or conftest.py); a test module imported as a library would run
     its module-level set-up twice and hide what it shares."""
     for path in sorted((PROJECT_ROOT / "tests").rglob("*.py")):
-        text = path.read_text()
-        for line in text.splitlines():
-            stripped = line.strip()
-            if stripped.startswith(("from ", "import ")):
-                assert "test_" not in stripped.split(" import ")[0], f"{path.name}: {stripped}"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + ([alias.name for alias in node.names] if node.module is None else [])
+            else:
+                continue
+            assert not any("test_" in name for name in names), f"{path.name}:{node.lineno} imports {names}"
     for path in sorted((PROJECT_ROOT / "bench").glob("*.py")):
         assert "tests.test_" not in path.read_text(), path.name

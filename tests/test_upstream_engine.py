@@ -221,6 +221,51 @@ async def test_a_pcm16_request_gets_the_upstream_samples_as_they_are(up, engines
     assert b"".join(chunk.tobytes() for chunk in chunks) == data
 
 
+# Word timings: none come from the upstream; the engine spreads the words over the audio it held back.
+
+SILENCE = bytes(2 * 4800)  # 0.2 s
+
+
+def timed_reply():
+    """0.2 s silence, 0.5 s sound, a 0.3 s pause, 0.6 s sound, 0.2 s silence, in uneven chunks."""
+    data = SILENCE + pcm(0.5) + SILENCE + bytes(2 * 2400) + pcm(0.6, freq=330.0) + SILENCE
+    return data, odd_split(data, (4801, 9999, 3))
+
+
+@pytest.mark.parametrize("pcm16", [False, True])
+async def test_timestamps_come_first_estimated_over_the_sound_and_its_pause(up, engines, pcm16):
+    from speech.engines.base import Alignment
+    from speech.stream.words import word_spans
+
+    text = "Hello there, general Kenobi."
+    data, chunks = timed_reply()
+    up.script(Reply(chunks=chunks), Reply(chunks=chunks))
+    engine = engines(up.url)
+    timed, error = await outcome(engine, SynthesisRequest(text, "default", pcm16=pcm16, timestamps=True))
+    plain, _ = await outcome(engine, SynthesisRequest(text, "default", pcm16=pcm16))
+    assert error is None and isinstance(timed[0], Alignment) and timed[0].estimated
+    assert not any(isinstance(item, Alignment) for item in timed[1:] + plain)
+    assert b"".join(c.tobytes() for c in timed[1:]) == b"".join(c.tobytes() for c in plain)  # the audio as it came
+    words = timed[0].words
+    assert [(w.char_start, w.char_end) for w in words] == word_spans(text)
+    times = [t for w in words for t in (w.start_s, w.end_s)]
+    assert times == sorted(times)
+    hello, there, general, kenobi = words
+    assert 0.19 <= hello.start_s <= 0.21  # where the sound starts, not at 0
+    assert 0.69 <= there.end_s <= 0.71  # the pause after the comma is the audio's pause
+    assert 0.99 <= general.start_s <= 1.01
+    assert 1.59 <= kenobi.end_s <= 1.61 <= len(data) / 2 / 24000
+
+
+async def test_timestamps_of_silence_take_no_time(up, engines):
+    from speech.engines.base import Alignment
+
+    up.script(Reply(chunks=[SILENCE]))
+    items, error = await outcome(engines(up.url), SynthesisRequest("Nothing heard here.", "default", timestamps=True))
+    assert error is None and isinstance(items[0], Alignment)
+    assert [(w.start_s, w.end_s) for w in items[0].words] == [(0.0, 0.0)] * 3
+
+
 async def test_trailing_odd_byte_fails(up, engines):
     up.script(Reply(chunks=[TONE[:101], TONE[101:4001]]))
     chunks, error = await outcome(engines(up.url))

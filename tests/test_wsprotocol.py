@@ -6,7 +6,6 @@ Also: autobahn's debug log arguments are only formatted for a line that is rende
 
 from __future__ import annotations
 
-import base64
 import collections
 import pprint
 import socket
@@ -15,15 +14,17 @@ import click
 import pytest
 from autobahn import util as autobahn_util
 from autobahn.exception import Disconnected, PayloadExceededError
-from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.twisted.websocket import WebSocketServerProtocol
 from autobahn.websocket import protocol as autobahn_protocol
 from autobahn.websocket.protocol import TrafficStats
 from twisted.internet.protocol import Protocol
 from twisted.internet.tcp import Connection
-from twisted.internet.testing import MemoryReactor, StringTransport
+from twisted.internet.testing import MemoryReactor
 
 from speech.web.tcpwindow import writes_through
 from speech.web.wsprotocol import BudgetedWebSocketProtocol, LogArgument, frame_header, tcp_transport, write_through
+
+from .support.ws_protocol import OpenedProtocol, opened
 
 
 @pytest.fixture
@@ -164,37 +165,6 @@ def test_what_is_left_starts_where_the_socket_stopped_in_the_header_or_the_paylo
 
 
 # -- the application's data messages ---------------------------------------------------------------
-
-
-class OpenedProtocol(BudgetedWebSocketProtocol):
-    """The server's protocol once autobahn's own handshake has opened it, with no daphne application behind it."""
-
-    onConnect = WebSocketServerProtocol.onConnect
-    onOpen = WebSocketServerProtocol.onOpen
-
-
-def opened(protocol_class=OpenedProtocol, **options):
-    """A protocol of `protocol_class` built by autobahn's server factory with `options`, after autobahn's own
-    handshake over a StringTransport, which is returned with it, emptied of the handshake's answer."""
-    factory = WebSocketServerFactory("ws://127.0.0.1:9/")
-    factory.protocol = protocol_class
-    for debugging in ("logFrames", "trackTimings"):  # the factory's attributes, not protocol options
-        if debugging in options:
-            setattr(factory, debugging, options.pop(debugging))
-    factory.setProtocolOptions(**options)
-    protocol = factory.buildProtocol(("127.0.0.1", 0))
-    transport = StringTransport()
-    protocol.makeConnection(transport)
-    key = base64.b64encode(b"0123456789abcdef").decode()
-    protocol.dataReceived(
-        (
-            "GET / HTTP/1.1\r\nHost: 127.0.0.1:9\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        ).encode()
-    )
-    assert transport.value().startswith(b"HTTP/1.1 101") and protocol.state == protocol.STATE_OPEN
-    transport.clear()
-    return protocol, transport
 
 
 def stats(protocol):

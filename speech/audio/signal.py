@@ -15,27 +15,43 @@ TARGET_RMS = 0.10  # -20 dBFS over the sounding part
 PEAK_CEILING = 0.89  # -1 dBFS
 
 
-def _sound_bounds(samples, rate):
-    """Sample index of the start of the first and the end of the last gate frame holding sound,
-    or None for silence."""
+def loud_frames(samples, rate):
+    """Indexes of the GATE_FRAME_S frames of `samples` (float) that hold sound: their peak is over
+    GATE_RELATIVE of the whole's peak. None of silence."""
     magnitude = np.abs(samples)
     peak = float(magnitude.max()) if samples.size else 0.0
     if peak < 1e-4:
-        return None
+        return np.zeros(0, np.int64)
     frame = max(1, int(rate * GATE_FRAME_S))
     padded = np.zeros(-(-samples.size // frame) * frame, dtype=magnitude.dtype)
     padded[: samples.size] = magnitude
-    loud = np.flatnonzero(padded.reshape(-1, frame).max(axis=1) > peak * GATE_RELATIVE)
+    return np.flatnonzero(padded.reshape(-1, frame).max(axis=1) > peak * GATE_RELATIVE)
+
+
+def sound_bounds(samples, rate):
+    """Sample index of the start of the first and the end of the last gate frame holding sound,
+    or None for silence."""
+    loud = loud_frames(samples, rate)
+    if not loud.size:
+        return None
+    frame = max(1, int(rate * GATE_FRAME_S))
     return int(loud[0]) * frame, min(samples.size, (int(loud[-1]) + 1) * frame)
 
 
-def trim_silence(samples, rate):
-    """Cut leading near-silence to PRE_ROLL_S and trailing near-silence to TAIL_KEEP_S, with short fades."""
-    bounds = _sound_bounds(samples, rate)
-    if bounds is None:
+def trim_bounds(sound, size, rate):
+    """The samples `trim_silence` keeps, `(start, end)`, of `size` samples whose sound lies at `sound`
+    (`sound_bounds`): PRE_ROLL_S before it, TAIL_KEEP_S after it; `(0, 0)` for silence."""
+    if sound is None:
+        return 0, 0
+    return max(0, sound[0] - int(rate * PRE_ROLL_S)), min(size, sound[1] + int(rate * TAIL_KEEP_S))
+
+
+def trim_silence(samples, rate, bounds=None):
+    """Cut leading near-silence to PRE_ROLL_S and trailing near-silence to TAIL_KEEP_S, with short fades;
+    `bounds`: what `trim_bounds` says for these samples, when the caller has it already."""
+    start, end = trim_bounds(sound_bounds(samples, rate), samples.size, rate) if bounds is None else bounds
+    if start >= end:
         return samples[:0]
-    start = max(0, bounds[0] - int(rate * PRE_ROLL_S))
-    end = min(samples.size, bounds[1] + int(rate * TAIL_KEEP_S))
     out = np.array(samples[start:end], dtype=np.float32)
     fade = min(out.size // 2, int(rate * FADE_S))
     if fade:

@@ -12,6 +12,7 @@ import socket
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ..models import SessionRecord
@@ -97,6 +98,30 @@ def lost(record):
     SessionRecord.objects.filter(pk=record.pk, status=SessionRecord.Status.ACTIVE).update(
         status=SessionRecord.Status.FAILED, ended_at=timezone.now()
     )
+
+
+def active_instances():
+    """The instances that hold a session, as the registry's rows say."""
+    return set(SessionRecord.objects.filter(status=SessionRecord.Status.ACTIVE).values_list("instance", flat=True).distinct())
+
+
+def instances_lost(instances, *, own_before=None):
+    """Every session of `instances` (gone: crashed, killed) is lost, as `lost` marks one; and with `own_before`,
+    every session of this instance's id that started before then (a process that had this id before this
+    one). Returns how many rows were marked."""
+    active = SessionRecord.objects.filter(status=SessionRecord.Status.ACTIVE)
+    gone = Q(instance__in=list(instances))
+    if own_before is not None:
+        gone |= Q(instance=instance_id(), started_at__lt=own_before)
+    return active.filter(gone).update(status=SessionRecord.Status.FAILED, ended_at=timezone.now())
+
+
+def instance_stopped(started):
+    """Graceful shutdown, once every session of this process (which started at `started`) has ended and
+    recorded its end: a row of this process still active is a session whose end could not be recorded, and
+    the shutdown ended it. Returns how many rows were marked."""
+    rows = SessionRecord.objects.filter(status=SessionRecord.Status.ACTIVE, instance=instance_id(), started_at__gte=started)
+    return rows.update(status=SessionRecord.Status.TERMINATED, ended_at=timezone.now())
 
 
 def live_session(session_id, api_key=None):

@@ -45,6 +45,11 @@ def _redis_layer(layer):
     return layer if isinstance(layer, SpeechChannelLayer) else None
 
 
+def redis_layer():
+    """The process's channel layer when it is Redis's (REDIS_URL), else None."""
+    return _redis_layer(get_channel_layer())
+
+
 def _unavailable(exc):
     return SignalsUnavailable(f"signals are unavailable: Redis cannot be reached ({exc})")
 

@@ -5,6 +5,10 @@ synthesis thread when the request asks for it), one array per sentence,
 a lazily loaded G2P (warmed up here), ~0.3 s of leading and ~0.5 s of
 trailing near-silence per sentence (trimmed) and quiet output (normalised). onnxruntime releases
 the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
+
+Word timings are the model's own phoneme durations (speech.engines.hibari_align), mapped to the words
+of the request's text through Hibari's text path (speech.engines.hibari_words), which this engine
+runs instead of `Hibari.phonemize` (the same phonemes) whether timings are asked for or not.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import os
 import numpy as np
 
 from ..audio import signal as audio
-from .base import Capabilities, Engine, EngineError, SynthesisRequest
+from . import hibari_words
+from .base import Alignment, Capabilities, Engine, EngineError, SynthesisRequest, WordTiming
+from .hibari_align import alignment, model_with_durations, synthesise
 from .pool import SynthesisPool, release_point
 from .stopping import StoppableSession
-from .text import for_number_reader
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +73,10 @@ def _session(path):
 
 
 def load_voice(name):
-    """Hibari for one voice, its acoustic model and its G2P's out-of-vocabulary net on sessions
-    without the arena. The OOV net is loaded now: Hibari would load it (measured 26 ms) on the first
-    word its lexicon lacks, i.e. inside some client's sentence."""
+    """Hibari for one voice, its acoustic model (with its phoneme durations as an extra output,
+    `model_with_durations`) and its G2P's out-of-vocabulary net on sessions without the arena. The OOV
+    net is loaded now: Hibari would load it (measured 26 ms) on the first word its lexicon lacks, i.e.
+    inside some client's sentence."""
     from hibari import Hibari
     from hibari.g2p import G2P
     from hibari.g2p.oov import ASSETS, OOV
@@ -79,7 +85,7 @@ def load_voice(name):
     british = VOICES[name]["british"]
     oov_path = os.path.join(ASSETS, "oov_gb.onnx" if british else "oov.onnx")
     tts = Hibari(voice=name, threads=1, g2p=G2P(oov=OOV(oov_path, session=_session(oov_path)), british=british))
-    tts.sess = _session(tts.model_path)
+    tts.sess = _session(model_with_durations(tts.model_path))
     return tts
 
 
@@ -100,21 +106,27 @@ class HibariEngine(Engine):
             # the pitch by up to 7 % at 0.5 (tests/test_formats_live.py); the pipeline's time-stretch
             # is within 3.5 % and keeps the pitch within ~1 %, so every speed goes through it.
             speed_range=(1.0, 1.0),
+            aligns=True,  # word timings from the model's own durations, at next to no cost (hibari_align)
         )
 
     @classmethod
     def from_settings(cls, conf):
         return cls(workers=conf.ENGINE_WORKERS)
 
-    def _render(self, tts, phonemes, speed, rng, pcm16):
+    def _render(self, tts, plan, index, request, rng, offset):
+        """Part `index` of the segment's plan: its audio as yielded, and with `request.timestamps` the
+        timings of the words it reports (`offset`: the samples yielded before it)."""
         rate = self.capabilities.sample_rate
-        ids = tts.ids(phonemes)
+        part = plan.parts[index]
         release_point()  # the model's run releases the GIL: the event loop takes the result this thread held back
-        raw = tts.from_ids(ids, speed, rng)
-        samples = audio.normalise(audio.trim_silence(raw, rate))
-        return audio.quantise(samples) if pcm16 else samples
+        raw, steps = synthesise(tts.sess, part.ids, request.speed, rng)
+        sound = audio.sound_bounds(raw, rate)
+        kept = audio.trim_bounds(sound, raw.size, rate)
+        samples = audio.normalise(audio.trim_silence(raw, rate, kept))
+        timing = alignment(plan, part, steps, kept, sound, offset, rate) if request.timestamps else None
+        return (audio.quantise(samples) if request.pcm16 else samples), timing
 
-    def _first(self, tts, text, speed, seed, pcm16):
+    def _first(self, tts, request, seed):
         """Text normalising, G2P and the first sentence in one job: one thread hop before the first audio,
         and nothing of the client's text is worked on by the caller (`stream` is called on the event
         loop). The segment's random generator is made here too: without a seed numpy reads the OS's
@@ -122,32 +134,39 @@ class HibariEngine(Engine):
         synthesis thread to give it back on its way to the first audio (4 % of the loop's time at C = 4,
         `py-spy record --gil`)."""
         rng = np.random.default_rng(seed)
-        parts = tts.phonemize(for_number_reader(text))
-        if not parts:
-            return None, [], rng
-        return self._render(tts, parts[0], speed, rng, pcm16), parts[1:], rng
+        plan = hibari_words.plan(tts, request.text)
+        if plan.parts:
+            return (*self._render(tts, plan, 0, request, rng, 0), plan, rng)
+        # Nothing to say: the words (if any) take no time.
+        words = tuple(WordTiming(start, end, 0.0, 0.0) for start, end in plan.spans)
+        return None, Alignment(words) if request.timestamps and words else None, plan, rng
 
     def stream(self, request: SynthesisRequest):
         """The segment's first job (its G2P and first sentence) is queued now, when called, not when the
         caller first iterates: a session's pipeline starts it in the step that queued the text, so it
         takes its place before other sessions' messages of the same loop turn are handled. Closing the
-        stream before its first chunk drops that job if it has not started."""
+        stream before its first chunk drops that job if it has not started. With `request.timestamps`
+        each sentence's `Alignment` comes right before its audio."""
         tts = self._models[request.voice]
         seed = request.options.get("seed")  # the handshake checked its range
-        first = self._pool.submit(self._first, tts, request.text, request.speed, seed, request.pcm16, ticket=request.ticket)
+        first = self._pool.submit(self._first, tts, request, seed, ticket=request.ticket)
         return _QueuedStream(self._pool, first, self._chunks(first, tts, request))
 
     async def _chunks(self, first, tts, request):
-        audio, rest, rng = await self._result(self._pool.wait(first))
+        chunk, timing, plan, rng = await self._result(self._pool.wait(first))
         del first  # the job's result holds the first sentence's audio: not for the rest of the segment
-        if audio is not None and audio.size:
-            yield audio
-        for phonemes in rest:
-            chunk = await self._result(
-                self._pool.run(self._render, tts, phonemes, request.speed, rng, request.pcm16, ticket=request.ticket)
-            )
+        offset = 0
+        for index in range(len(plan.parts)):
+            if index:
+                job = self._pool.run(self._render, tts, plan, index, request, rng, offset, ticket=request.ticket)
+                chunk, timing = await self._result(job)
+            if timing is not None and timing.words:
+                yield timing
             if chunk.size:
+                offset += chunk.size
                 yield chunk
+        if not plan.parts and timing is not None:
+            yield timing
 
     async def _result(self, job):
         """One pool job's result; a failure inside Hibari on text the normaliser let through fails this

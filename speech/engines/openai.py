@@ -11,6 +11,11 @@ rate_limit_error, 503 -> "The request queue is full.", anything else -> server_e
 are retried only before the first byte of audio, and only when the upstream could not have
 started (refused connection, dropped before the response, 502/503/504). Timeouts are not retried.
 Cancelling the consuming task closes the upstream response, and with it the connection.
+
+Word timings (`request.timestamps`): none of the upstreams sends them with streamed speech (vLLM-omni
+gives `X-Word-Timestamps` only on a whole, non-streamed response, and only with its forced aligner
+loaded; sglang-omni and OpenAI give none), so the segment is held back whole and its words spread over
+its sound and pauses (`speech.engines.spread`), marked estimated.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ..audio import signal as audio
 from ..audio.codecs import CONTAINER_MEDIA_TYPES
 from ..stream.errors import BAD_REQUEST, RATE_LIMIT
 from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
+from .spread import spread
 from .text import for_engine
 
 logger = logging.getLogger(__name__)
@@ -204,7 +210,10 @@ class OpenAIEngine(Engine):
                         if response.status_code != 200:
                             raise await _status_error(response)
                         dtype = self._check_format(response)
-                        async for chunk in self._paced(_pcm(response, dtype, request.pcm16)):
+                        chunks = self._paced(_pcm(response, dtype, request.pcm16))
+                        if request.timestamps:
+                            chunks = _timed(chunks, request.text, self.capabilities.sample_rate)
+                        async for chunk in chunks:
                             yield chunk
                         return
             except RETRY_ERRORS as exc:  # raised before any audio: after it, _pcm raises _StreamBroke
@@ -257,6 +266,16 @@ class OpenAIEngine(Engine):
         if isinstance(exc, httpx.RemoteProtocolError):
             return EngineError(f"upstream speech server sent an invalid HTTP response: {exc}")
         return EngineError(f"upstream speech request failed: {exc or type(exc).__name__}")
+
+
+async def _timed(chunks, text, rate):
+    """The segment's audio held back whole, then its words spread over it (`spread`: no upstream we
+    speak to sends word times on a streamed response), then the audio: timings must come before the
+    audio they describe, so the first audio waits for the upstream's last (docs/engines.md)."""
+    held = [chunk async for chunk in chunks]
+    yield spread(text, np.concatenate(held) if held else np.zeros(0, np.float32), rate)
+    for chunk in held:
+        yield chunk
 
 
 class _StreamBroke(httpx.TransportError):

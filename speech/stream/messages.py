@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 from pydantic import (
@@ -181,15 +182,22 @@ class SessionFields(Message):
         self._check_values(context)
         return self
 
+    def _default_format(self) -> str:
+        return "pcm"  # the WebSocket's, as the contract says
+
     def _check_values(self, context: dict[str, Any]) -> None:
         """The value rules in the contract's order; the engine's capabilities come in the context,
         with `reference` (an uploaded voice found for the name) and `voice_checked` (they were searched)."""
         caps, reference = context["capabilities"], context.get("reference")
         voice = _resolve_voice(
-            self.voice if self.voice is not None else self.speaker, caps, reference, context.get("voice_checked", False)
+            self.voice if self.voice is not None else self.speaker,
+            caps,
+            reference,
+            context.get("voice_checked", False),
+            context.get("voice_aliases") or {},
         )
 
-        fmt = ("pcm" if self.response_format is None else self.response_format).strip().lower()
+        fmt = (self._default_format() if self.response_format is None else self.response_format).strip().lower()
         if fmt not in FORMATS:
             raise fatal(f"response_format must be one of: {', '.join(FORMATS)}", "response_format")
 
@@ -239,19 +247,42 @@ class SessionFields(Message):
         )
 
 
-def _resolve_voice(requested: str | None, caps: Capabilities, reference: ReferenceVoice | None, voice_checked: bool) -> str:
-    if requested is None or requested.strip().lower() == "default":
+def engine_voice(name: str, caps: Capabilities) -> str | None:
+    """The engine's own spelling of `name` (its default for `default`), ignoring case and outer spaces."""
+    wanted = name.strip().lower()
+    if wanted == "default":
         return caps.default_voice
-    for name in caps.voices:
-        if name.lower() == requested.strip().lower():
-            return name
-    if reference is None:
-        if caps.any_voice and voice_checked:
-            return requested.strip()
-        raise UnknownVoice(requested, caps)
-    if not caps.reference_audio:
-        raise fatal(f"voice '{requested}' needs an engine with reference audio; engine '{caps.name}' has none", "voice")
-    return reference.name
+    return next((voice for voice in caps.voices if voice.lower() == wanted), None)
+
+
+def _resolve_voice(
+    requested: str | None,
+    caps: Capabilities,
+    reference: ReferenceVoice | None,
+    voice_checked: bool,
+    aliases: Mapping[str, str],
+) -> str:
+    """An engine voice, else an uploaded one (`reference`, found by the caller for the name or for its
+    alias's target), else an alias (SPEECH_VOICE_ALIASES: alias -> voice), so that an alias never hides
+    a voice of the same name; an engine with an open voice set takes any other name as it is."""
+    if requested is None:
+        return caps.default_voice
+    own = engine_voice(requested, caps)
+    if own is not None:
+        return own
+    if reference is not None:
+        if not caps.reference_audio:
+            raise fatal(f"voice '{requested}' needs an engine with reference audio; engine '{caps.name}' has none", "voice")
+        return reference.name
+    if not voice_checked:
+        raise UnknownVoice(requested, caps)  # the caller looks among the uploaded voices, then reads again
+    target = aliases.get(requested.strip().lower())
+    aliased = engine_voice(target, caps) if target is not None else None
+    if aliased is not None:
+        return aliased
+    if caps.any_voice:
+        return (target or requested).strip()
+    raise UnknownVoice(requested, caps)
 
 
 class SessionConfigMessage(SessionFields):
@@ -373,6 +404,10 @@ class SpeechOptions(Message):
 class SpeechRequest(SessionFields, SpeechOptions):
     """The body of `POST /v1/audio/speech`: its own fields first (pydantic orders the fields of the
     bases from the last), then the session.config fields with the WebSocket's rules."""
+
+    def _default_format(self) -> str:
+        # OpenAI's default is mp3 (its clients save the body as speech.mp3); `stream: true` streams raw audio.
+        return "pcm" if self.stream else "mp3"
 
     def _check_values(self, context: dict[str, Any]) -> None:
         super()._check_values(context)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import messages
@@ -73,22 +73,27 @@ async def resolve_fields(
     **context: Any,
 ) -> messages.SessionFields:
     """`payload` read as `model` (messages.read_fields), looking a voice the engine does not list up
-    among the uploaded voices (`find_voice`: async name -> ReferenceVoice | None). An engine with an
-    open voice set (`any_voice`) gets a name that is not an uploaded voice passed on as it is."""
+    among the uploaded voices (`find_voice`: async name -> ReferenceVoice | None), then among the
+    aliases (context `voice_aliases`: lower-cased alias -> voice, which may be an uploaded voice). An
+    engine with an open voice set (`any_voice`) gets any other name passed on as it is."""
     try:
         return messages.read_fields(payload, model, capabilities=capabilities, **context)
     except UnknownVoice as unknown:
         reference = await find_voice(unknown.requested) if find_voice else None
-        if reference is None and not capabilities.any_voice:
-            raise
+        target = (context.get("voice_aliases") or {}).get(unknown.requested.strip().lower())
+        if reference is None and find_voice and target and messages.engine_voice(target, capabilities) is None:
+            reference = await find_voice(target)
         return messages.read_fields(payload, model, capabilities=capabilities, reference=reference, voice_checked=True, **context)
 
 
 async def resolve_config(
-    payload: dict[str, Any], capabilities: Capabilities, find_voice: FindVoice | None = None
+    payload: dict[str, Any],
+    capabilities: Capabilities,
+    find_voice: FindVoice | None = None,
+    voice_aliases: Mapping[str, str] | None = None,
 ) -> messages.SessionConfig:
-    """session.config -> SessionConfig for this engine, uploaded voices included (resolve_fields)."""
-    return (await resolve_fields(payload, capabilities, find_voice)).config
+    """session.config -> SessionConfig for this engine, uploaded voices and aliases included (resolve_fields)."""
+    return (await resolve_fields(payload, capabilities, find_voice, voice_aliases=voice_aliases)).config
 
 
 def parse_config(

@@ -15,7 +15,7 @@ import enum
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import (
@@ -87,6 +87,7 @@ class SpeechSession:
         *,
         session_id: str | None = None,
         find_voice: FindVoice | None = None,
+        voice_aliases: Mapping[str, str] | None = None,
         on_configured: Callable[[SpeechSession], Awaitable[None]] | None = None,
         parse_large: Callable[[str], Awaitable[dict[str, Any]]] = parse_in_thread,
     ) -> None:
@@ -95,6 +96,7 @@ class SpeechSession:
         self.limits = limits
         self.session_id = session_id or new_session_id()
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
+        self.voice_aliases = voice_aliases  # lower-cased alias -> voice (SPEECH_VOICE_ALIASES)
         self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
         self.parse_large = parse_large  # async raw -> payload, for a handshake over CONFIG_PARSE_OFFLOAD_BYTES
         self.outcome: str | None = None  # how it ended: completed, cancelled (client left), terminated, failed
@@ -201,7 +203,7 @@ class SpeechSession:
             payload = parse_message(raw, handshake=True)
         if payload.get("type") != "session.config":
             raise fatal("first WebSocket message must be session.config", "type")
-        self.config = await resolve_config(payload, self.engine.capabilities, self.find_voice)
+        self.config = await resolve_config(payload, self.engine.capabilities, self.find_voice, self.voice_aliases)
         self.contexts = Contexts(self.config.split_granularity, self.limits.max_contexts)
         self.pipeline = Pipeline(
             engine=self.engine,

@@ -50,6 +50,7 @@ class Admission:
         here, once: nothing touches the database per frame."""
         metrics.session_started(session)
         if session.engine.estimated_wait() > conf.MAX_QUEUE_WAIT_S:
+            metrics.refused(metrics.ENGINE_BUSY, "a WebSocket session: the engine is at capacity (4013)")
             return at_capacity()  # before a slot is taken: nothing to give back
         if conf.REQUIRE_API_KEY:
             key = self.api_key = await _websocket_key(scope)
@@ -58,6 +59,7 @@ class Admission:
             if missing := auth.missing_scope(key, Scope.SPEAK):  # as the 401 above: the event, then 4008
                 return SpeechError(missing, error_type=auth.PERMISSION_ERROR, code=403, close_code=CLOSE_POLICY)
             if not await self._take_slot(key, session):
+                metrics.refused(metrics.KEY_SESSION_LIMIT, f"a WebSocket session of key {key.prefix}: at its limit (4013)")
                 return SpeechError(
                     f"Too many concurrent sessions for this API key (limit {self._limit(key)})",
                     error_type=RATE_LIMIT,

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import logging
 import math
+import time
 
 import numpy as np
 from asgiref.sync import sync_to_async
@@ -23,11 +24,11 @@ from django.views.decorators.csrf import csrf_exempt
 from . import auth, ratelimit
 from ..control import signals as control, registry
 from ..stream import events, messages, oneshot, protocol
-from .. import voices
+from .. import metrics, voices
 from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
 from ..audio.streaming import StreamedAudio
 from ..stream.frames import FIRST_FRAME_S, FRAME_S
-from ..conf import conf
+from ..conf import conf, voice_aliases
 from ..engines import EngineBusy, get_engine
 from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
 from ..models import Scope, Voice
@@ -39,6 +40,15 @@ MULTIPART_SLACK = 64 * 1024  # room for the form's other fields and boundaries
 
 def error(status, message, *, type=BAD_REQUEST, param=None):
     return JsonResponse(events.RestError.of(status, message, type=type, param=param).dump(), status=status)
+
+
+def refusal(status, message, cause, *, type=SERVER_ERROR, param=None):
+    """A handled refusal (503, 429): counted and logged by cause at most once an interval (metrics.refused),
+    and kept out of django.request's log, which writes every 5xx response as an ERROR line."""
+    metrics.refused(cause, message)
+    response = error(status, message, type=type, param=param)
+    response._has_been_logged = True  # django.utils.log.log_response skips a response marked so
+    return response
 
 
 TOO_LARGE = events.RestError.of(413, "audio_sample is larger than 10 MiB", param="audio_sample").dump()
@@ -159,6 +169,31 @@ def _upload(request):
     return JsonResponse(_describe(voice), status=201)
 
 
+STARTED = int(time.time())  # a model's `created`: when this process began serving it
+
+
+def served_models():
+    """OpenAI's model objects for what this server serves: its engine, and an upstream's model when set."""
+    engine = get_engine().capabilities.name
+    ids = [engine] + ([conf.UPSTREAM_MODEL] if engine == "openai" and conf.UPSTREAM_MODEL else [])
+    return [{"id": model, "object": "model", "created": STARTED, "owned_by": "speech-server"} for model in ids]
+
+
+@api_view("GET")
+def model_list(request):
+    """OpenAI's `GET /v1/models`; clients that list models before speaking find the engine here."""
+    return JsonResponse({"object": "list", "data": served_models()})
+
+
+@api_view("GET")
+def model_detail(request, model):
+    """OpenAI's `GET /v1/models/<model>`."""
+    found = next((m for m in served_models() if m["id"] == model), None)
+    if found is None:
+        return error(404, f"model '{model}' not found", type="not_found_error", param="model")
+    return JsonResponse(found)
+
+
 @api_view("DELETE", scopes=(Scope.VOICES, Scope.ADMIN))
 def voice_detail(request, name):
     voice = Voice.objects.filter(name__iexact=name).first()
@@ -205,7 +240,7 @@ def _signal(request, session_id, kind):
             return _not_live(session_id)
         control.send_sync(kind, session_id)
     except control.SignalsUnavailable as exc:
-        return error(503, str(exc), type=SERVER_ERROR)
+        return refusal(503, str(exc), metrics.SIGNALS_UNAVAILABLE)
     return JsonResponse({"session_id": session_id, "signal": kind, "status": "accepted"}, status=202)
 
 
@@ -252,13 +287,14 @@ async def speech(request):
             sync_to_async(voices.find_voice),
             messages.SpeechRequest,
             max_input_chars=conf.MAX_SEGMENT_CHARS,
+            voice_aliases=voice_aliases(),
         )
         config, text, stream = read.config, read.input, read.stream
     except SpeechError as exc:
         return error(exc.code or 400, exc.message, type=exc.error_type, param=exc.param)
     wait = engine.estimated_wait()
     if wait > conf.MAX_QUEUE_WAIT_S:  # overloaded: refused before any work is accepted, as sessions are
-        response = error(503, QUEUE_FULL_MESSAGE, type=SERVER_ERROR)
+        response = refusal(503, QUEUE_FULL_MESSAGE, metrics.ENGINE_BUSY)
         response["Retry-After"] = str(math.ceil(wait))
         return response
     audio = oneshot.synthesize(engine, config, text)
@@ -296,9 +332,13 @@ async def speech(request):
 
 def _synthesis_error(exc):
     """The engine's failure with its own class: bad input 400, rate limits 429, overload 503, else 500."""
+    if isinstance(exc, SpeechError) and exc.code == 429:
+        return refusal(429, exc.message, metrics.RATE_LIMITED, type=exc.error_type, param=exc.param)
     if isinstance(exc, SpeechError) and exc.code:
         return error(exc.code, exc.message, type=exc.error_type, param=exc.param)
-    return error(503 if isinstance(exc, EngineBusy) else 500, str(exc), type=SERVER_ERROR)
+    if isinstance(exc, EngineBusy):
+        return refusal(503, str(exc), metrics.ENGINE_BUSY)
+    return error(500, str(exc), type=SERVER_ERROR)
 
 
 async def _stream(audio, first, encoder):

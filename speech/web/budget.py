@@ -26,7 +26,7 @@ import weakref
 
 import asyncio
 
-from .. import memory
+from .. import memory, metrics
 from ..conf import conf
 from ..stream.errors import CLOSE_CAPACITY, RATE_LIMIT, SpeechError
 from ..stream.protocol import parse_message
@@ -129,6 +129,7 @@ async def parse_large_config(raw):
     cost = await asyncio.to_thread(parse_cost, raw)
     reservation = get_budget().try_reserve(cost)
     if reservation is None:
+        metrics.refused(metrics.MEMORY_BUDGET, f"a {len(raw)}-character session.config: memory budget in use")
         raise over_budget_error()
     with reservation:
         return await asyncio.to_thread(parse_message, raw, handshake=True)

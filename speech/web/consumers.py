@@ -14,7 +14,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from .. import voices
-from ..conf import stream_limits
+from ..conf import stream_limits, voice_aliases
 from ..engines import get_engine
 from ..stream.session import SpeechSession
 from . import budget
@@ -41,8 +41,10 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         except asyncio.CancelledError:
             # The server is stopping (daphne cancels every application on SIGTERM).
             if self.session is not None:
-                await self.session.terminate(SHUTDOWN_MESSAGE)
-                await self.admission.release(self.session)
+                try:
+                    await self.session.terminate(SHUTDOWN_MESSAGE)
+                finally:  # whatever the goodbye met, the session's end is recorded
+                    await self.admission.release(self.session)
             raise
 
     async def dispatch(self, message):
@@ -70,6 +72,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             self.engine or get_engine(),
             stream_limits(),
             find_voice=_find_voice,
+            voice_aliases=voice_aliases(),
             on_configured=self.admission.register,
             parse_large=budget.parse_large_config,
         )

@@ -99,7 +99,8 @@ class FlowControl:
     def send(self, data):
         """Send `data` (str: a text message, bytes: a binary one) on the connection at once, straight to
         daphne's protocol (speech/web/wsprotocol.py, `send_data_message`). Raises autobahn's Disconnected
-        once the connection is not open."""
+        once the connection is not open, or when the write finds it gone (it is then aborted, and daphne
+        reports the disconnect)."""
         if isinstance(data, str):
             self._protocol.send_data_message(data.encode(), False)
         else:

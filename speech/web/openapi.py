@@ -116,12 +116,26 @@ def openapi_document():
     paths = {
         "/v1/audio/speech": {
             "post": {
-                "summary": "One-shot speech (OpenAI-compatible): the session.config fields plus input, stream, stream_format",
+                "summary": "One-shot speech (OpenAI-compatible): the session.config fields plus input, stream, "
+                "stream_format; response_format defaults to mp3 (pcm with stream: true)",
                 "requestBody": {"required": True, "content": _json("SpeechRequest")},
                 "responses": {
                     **_ok(200, "the audio, whole or streamed (raw formats)", AUDIO),
                     **_errors(400, 401, 403, 405, 429, 503),
                 },
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "summary": "What this server serves, in OpenAI's shape (object list of model objects)",
+                "responses": {**_ok(200, "model list", JSON_OBJECT), **_errors(401)},
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "One model object",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {**_ok(200, "the model", JSON_OBJECT), **_errors(401, 404)},
             }
         },
         "/v1/audio/voices": {

@@ -9,7 +9,9 @@ missing for a connection whose application has finished or not started yet (an H
 a handshake in progress): it then raises KeyError, cancels nothing, and the process dies with
 sessions still running. This version skips such connections, waits for every session to end
 (each sends its error event and closes 4001, see consumers.py) and for its client to answer the
-close (or SHUTDOWN_CLOSE_WAIT_S), then stops the channel layer's heartbeat.
+close (or SHUTDOWN_CLOSE_WAIT_S), marks any row of its own still active as terminated (a session
+whose end could not be recorded), then stops the channel layer's heartbeat. From its start it sweeps
+the registry of the rows of instances that are gone (speech/control/sweep.py).
 
 Its WebSocket connections meter large frames against the process's budget from their header on
 (speech/web/wsprotocol.py, speech/web/budget.py), and once no WebSocket has been open for a few
@@ -17,18 +19,22 @@ seconds, freed memory is returned if a burst left some (speech.memory).
 """
 
 import asyncio
-import gc
 import logging
 import socket
 import sys
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
+from django.utils import timezone
 from twisted.internet import defer, reactor
 
 from .. import memory
+from ..control import registry
 from ..control import signals as control
+from ..control.sweep import Sweeper
 from .admission import Admission
+from .collector import collector
+from .database import on_database_thread
 from .flowcontrol import SCOPE_KEY, FlowControl
 from .wsprotocol import BudgetedWebSocketProtocol, tcp_transport
 
@@ -57,19 +63,29 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 # that audio. Well inside the 10 s a process manager (docker stop) allows before SIGKILL.
 SHUTDOWN_CLOSE_WAIT_S = 5.0
 
+_instance_stopped = on_database_thread(registry.instance_stopped)
+
 
 class SpeechServer(Server):
+    started = None  # when run() began: this process's registry rows are the ones started since
+    _sweeping = None  # the registry sweep's task (speech/control/sweep.py)
+
     def run(self):
         # The application is imported and its engine warmed up by now: about 110,000 objects that live
         # as long as the process. A full collection of the garbage collector walks them all, 40-60 ms
         # with the event loop stopped (bench/handshake.py saw ~100 ms handshakes every few seconds);
-        # frozen, they are left out of every collection.
+        # frozen, they are left out of every collection, and so are the sessions that stay open
+        # (speech/web/collector.py).
         # The event loop shares the GIL with the synthesis threads (G2P and numpy between onnxruntime
         # calls) and the registry's writer: see GIL_SWITCH_INTERVAL_S.
-        gc.collect()
-        gc.freeze()
+        collector.install()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self.started = timezone.now()
+        reactor.callWhenRunning(self._sweep)
         super().run()
+
+    def _sweep(self):
+        self._sweeping = asyncio.ensure_future(Sweeper(self.started).run())
 
     @property
     def ws_factory(self):
@@ -87,6 +103,7 @@ class SpeechServer(Server):
 
     def protocol_disconnected(self, protocol):
         super().protocol_disconnected(protocol)
+        collector.ended(getattr(protocol, "speech_gc_mark", collector.freezes))
         if getattr(protocol, "speech_socket", False):
             protocol.speech_socket = False
             self.sockets -= 1
@@ -105,6 +122,7 @@ class SpeechServer(Server):
     def create_application(self, protocol, scope):
         """Every WebSocket gets its backpressure signal (speech/web/flowcontrol.py) in its scope, and
         its protocol reports the client's messages to it."""
+        protocol.speech_gc_mark = collector.opened()
         if scope["type"] == "websocket":
             protocol.speech_socket = True
             self.sockets += 1
@@ -133,7 +151,22 @@ class SpeechServer(Server):
         await asyncio.gather(*applications, return_exceptions=True)
         # The registry rows and group memberships of the sessions that ended, and their close handshakes.
         await asyncio.gather(Admission.settle(), self._sockets_closed())
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            await asyncio.gather(self._sweeping, return_exceptions=True)
+        await self._record_stopped()
         await control.stop()  # no task may be left pending when the interpreter exits
+
+    async def _record_stopped(self):
+        if self.started is None:  # never ran
+            return
+        try:
+            ended = await _instance_stopped(self.started)
+        except Exception:
+            logger.exception("could not record the end of this instance's sessions in the registry")
+            return
+        if ended:
+            logger.warning("%i session(s) without a recorded end marked terminated", ended)
 
     async def _sockets_closed(self):
         if self.sockets == 0:

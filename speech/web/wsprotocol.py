@@ -18,6 +18,7 @@ from autobahn.twisted import websocket as autobahn_twisted
 from autobahn.websocket import protocol as autobahn_protocol
 from daphne.ws_protocol import WebSocketProtocol
 
+from .. import metrics
 from .budget import frame_cost, get_budget, over_budget_error
 from .tcpwindow import writes_through
 
@@ -45,9 +46,10 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         self.reservation = reservation
 
     def _refuse_over_budget(self):
-        logger.info("refused a %s frame from %s: handshake memory budget in use", self.frame_length, self.client_addr)
-        self.sendMessage(json.dumps(over_budget_error().event()).encode(), isBinary=False)
-        self.sendClose(code=over_budget_error().close_code)
+        metrics.refused(metrics.MEMORY_BUDGET, f"a {self.frame_length}-byte frame from {self.peer}: memory budget in use")
+        error = over_budget_error()
+        self.sendMessage(json.dumps(error.event()).encode(), isBinary=False)
+        self.sendClose(code=error.close_code)
         # autobahn drops this frame's payload and every later frame; daphne still tells the
         # application of the disconnect, so the session ends at once.
         self.failedByMe = True
@@ -61,7 +63,26 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
             data = self._write_through((data,))
             if not data:
                 return
-        super().sendData(data, sync, chopsize)
+        self._to_transport(data, sync, chopsize)
+
+    speech_gone = False  # a write found the connection gone (`_to_transport`): it is being aborted
+
+    def _to_transport(self, data, sync=False, chopsize=None):
+        """Hand `data` to autobahn and Twisted, which buffer it and ask the reactor to write it. That asking
+        raises when the event loop has already given up the socket: uvloop closes a socket's poll handle
+        when epoll reports an error (a client that sent its last frame and then a reset), runs the reader
+        once and keeps the closed handle, so the next `add_writer` raises RuntimeError ("the handler is
+        closed") and the reader never runs again. Such a connection is gone: it is aborted, so that daphne
+        reports the disconnect and the session ends as one, and nothing escapes to the caller (daphne,
+        a ping's timer, the session's tasks); `send_data_message` raises Disconnected after it."""
+        if self.speech_gone:
+            return
+        try:
+            super().sendData(data, sync, chopsize)
+        except (RuntimeError, OSError) as exc:
+            self.speech_gone = True
+            logger.debug("connection from %s gone while writing to it (%s): aborted", self.peer, exc)
+            self.transport.abortConnection()
 
     def _write_through(self, parts):
         """Write `parts` to the socket now if nothing waits before them (write_through); return the bytes
@@ -81,8 +102,9 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         (speech/web/flowcontrol.py), not through Channels' `send`, daphne's `handle_reply` and
         `serverSend` and autobahn's `sendMessage` and `sendFrame`, which do nothing more for an open
         connection: the event loop's CPU per audio second fell 9 % (bench/compare.py, C = 4 and 8).
-        Raises autobahn's Disconnected once the connection is not open, as `sendMessage` does."""
-        if self.state != self.STATE_OPEN:
+        Raises autobahn's Disconnected once the connection is not open, as `sendMessage` does, and when it
+        finds the connection gone (`_to_transport`)."""
+        if self.state != self.STATE_OPEN or self.speech_gone:
             raise Disconnected("Attempt to send on a closed protocol")
         size = len(payload)
         if (
@@ -94,7 +116,13 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
             or self.trackedTimings
         ):
             self.sendMessage(payload, binary)  # autobahn's own way, whatever these ask for
-            return
+        else:
+            self._send_frame(payload, binary)
+        if self.speech_gone:
+            raise Disconnected("the connection is gone")
+
+    def _send_frame(self, payload, binary):
+        size = len(payload)
         stats = self.trafficStats
         stats.outgoingWebSocketMessages += 1
         stats.outgoingWebSocketFrames += 1
@@ -102,7 +130,7 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         stats.outgoingOctetsWebSocketLevel += size
         rest = self._write_through((frame_header(OPCODE_BINARY if binary else OPCODE_TEXT, size), payload))
         if rest:
-            super().sendData(rest)
+            self._to_transport(rest)
 
     speech_flow = None  # the connection's FlowControl (speech/web/server.py), told of every message queued
 

@@ -5,6 +5,7 @@ import json
 from channels.routing import URLRouter
 from django.urls import path
 
+from speech.engines.fake import FakeEngine
 from speech.web.consumers import SpeechStreamConsumer
 from speech.web.origin import origin_policy
 
@@ -33,3 +34,14 @@ async def event(comm, type_=None):
 
 async def send(comm, obj):
     await comm.send_to(text_data=json.dumps(obj, ensure_ascii=False))
+
+
+class QueuedEngine(FakeEngine):
+    """A FakeEngine whose synthesis queue would make a new session wait `wait_s` seconds."""
+
+    def __init__(self, wait_s, **kwargs):
+        super().__init__(**kwargs)
+        self.wait_s = wait_s
+
+    def estimated_wait(self):
+        return self.wait_s

@@ -157,8 +157,15 @@ def session_frames(rng, *, max_message_bytes=131072):
             yield "text", json.dumps({"type": "input.text", "text": "x" * (max_message_bytes + rng.choice((1, 4096)))})
         elif roll < 0.75:
             yield "text", json.dumps({"type": "input.text", "text": random_text(rng)})
-        elif roll < 0.85:
+        elif roll < 0.80:
             yield "text", json.dumps({"type": rng.choice(("input.cancel", "input.commit", "session.keepalive"))})
+        elif roll < 0.85:  # the voice-agent fields: contexts (a handful of ids, so some get closed) and played_ms
+            kind = rng.choice(("input.text", "input.commit", "input.cancel", "input.done"))
+            context = rng.choice((f"c{rng.randint(0, 40)}", *WRONG_VALUES[:12]))
+            frame = {"type": kind, "context_id": context, "text": random_text(rng)}
+            if kind == "input.cancel":
+                frame["played_ms"] = rng.choice((rng.uniform(0, 5000), *WRONG_VALUES[:12]))
+            yield "text", json.dumps(frame)
         else:
             yield "text", json.dumps({"type": "input.text", "text": random_text(rng), "extra": {"deep": nested(50)}})
 
@@ -216,6 +223,11 @@ CONTRACT_MESSAGES = [
         r"speed must be between 0\.25 and 4\.0",
         r"stream_audio=true requires a streamable response_format \(pcm, mulaw, alaw, mp3, opus, aac\)",
         r"split_granularity must be one of: clause, sentence",
+        r"timestamps must be one of: none, word",
+        r"context_id must be 1 to 64 letters, digits, '\.', '_' or '-'",
+        r"context '.*' is closed",
+        r"too many open contexts \(max \d+\)",
+        r"played_ms must be at least 0",
         r"(ref_audio|instructions) is not supported by engine '.+'",
         r"temperature must be between 0 and 2",
         r"top_p must be greater than 0 and at most 1",
@@ -229,7 +241,13 @@ CONTRACT_MESSAGES = [
         r"speech session terminated.*",
     )
 ]
-CLASSES = {"BadRequestError": 400, "server_error": None, "rate_limit_error": 429, "authentication_error": 401}
+CLASSES = {
+    "BadRequestError": 400,
+    "server_error": None,
+    "rate_limit_error": 429,
+    "authentication_error": 401,
+    "permission_error": 403,
+}
 CONTRACT_CLOSES = {1000, 1006, 4001, 4008, 4009, 4013}  # 4011 is the contract's, but it means a server fault
 
 

@@ -86,8 +86,10 @@ class DaphneServer:
         stop_timeout=STOP_TIMEOUT_S,
         attempts=3,
         root=PROJECT_ROOT,
+        python=PYTHON,
     ):
         self.root = Path(root)  # the checkout whose manage.py runs (bench/compare.py starts another one's)
+        self.python = python  # the server's interpreter (integrations/ runs its tests in a venv of its own)
         self.host = host
         self.fixed_port = port  # None: a free port is picked (and another one tried if it was taken)
         self.extra_env = dict(env or {})
@@ -131,7 +133,7 @@ class DaphneServer:
         env = self.environment()
         if self.migrate:
             done = subprocess.run(
-                [PYTHON, "manage.py", "migrate", "--noinput"],
+                [self.python, "manage.py", "migrate", "--noinput"],
                 cwd=self.root,
                 env=env,
                 capture_output=True,
@@ -157,7 +159,7 @@ class DaphneServer:
             raise ServerFailed(f"port {self.port} is already in use (Address already in use)")
         with open(self.stdout_path, "ab") as out, open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
-                [PYTHON, "manage.py", "serve", "--host", self.host, "--port", str(self.port)],
+                [self.python, "manage.py", "serve", "--host", self.host, "--port", str(self.port)],
                 cwd=self.root,
                 env=env,
                 stdout=out,
@@ -223,7 +225,7 @@ class DaphneServer:
     def manage(self, *args):
         """`manage.py ARGS` with this server's environment (its database): what it printed."""
         done = subprocess.run(
-            [PYTHON, "manage.py", *args],
+            [self.python, "manage.py", *args],
             cwd=self.root,
             env=self.environment(),
             capture_output=True,

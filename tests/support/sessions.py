@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import http.cookiejar
 import json
+import re
+import urllib.parse
+import urllib.request
 
 from .live import audio_past, collect, configure, held, metric, open_session, send_json, wait_for
 
@@ -79,3 +83,47 @@ def assert_healthy(*servers, stopped_ok=False):
         server.assert_no_traceback()
         alive = server.alive() or (stopped_ok and server.proc.returncode == 0)
         assert alive, f"a server died:\n{server.stderr_text()[-4000:]}"
+
+
+class Admin:
+    """A session-authenticated browser-like client (cookies, CSRF token) for Django's admin."""
+
+    def __init__(self, server):
+        self.base = server.http_url
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def get(self, path):
+        with self.opener.open(self.base + path, timeout=30) as response:
+            return response.read().decode()
+
+    def post(self, path, fields):
+        data = urllib.parse.urlencode(fields, doseq=True).encode()
+        with self.opener.open(self.base + path, data, timeout=30) as response:
+            return response.read().decode()
+
+    @staticmethod
+    def token(page):
+        match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert match, "no CSRF token on the page"
+        return match.group(1)
+
+    def login(self, username, password):
+        page = self.get("/admin/login/?next=/admin/")
+        page = self.post(
+            "/admin/login/?next=/admin/",
+            {"username": username, "password": password, "csrfmiddlewaretoken": self.token(page), "next": "/admin/"},
+        )
+        assert "Log out" in page or "logout" in page, "admin login failed"
+
+    def action(self, path, action, selected):
+        page = self.get(path)
+        return self.post(
+            path,
+            {
+                "csrfmiddlewaretoken": self.token(page),
+                "action": action,
+                "index": "0",
+                "select_across": "0",
+                "_selected_action": selected,
+            },
+        )

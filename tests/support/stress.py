@@ -15,7 +15,9 @@ import collections
 import contextlib
 import json
 import os
+import socket
 import sqlite3
+import struct
 import threading
 from dataclasses import dataclass, field
 
@@ -265,6 +267,17 @@ def frame_header(length, opcode=0x1):
 def abort(writer_or_ws):
     transport = writer_or_ws.transport
     transport.abort()
+
+
+async def vanish_after_config(server, config=None):
+    """A client that sends its session.config and resets the connection at once: the config and the reset
+    usually reach the server before its loop polls, which is when uvloop closed the socket's handle under
+    daphne (speech/web/wsprotocol.py `_to_transport`)."""
+    _reader, writer = await raw_upgrade(server.host, server.port)
+    body = json.dumps({"type": "session.config", "session": config or {"response_format": "pcm"}}).encode()
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.write(frame_header(len(body)) + body)
+    abort(writer)
 
 
 async def abrupt_disconnect(server, rng, tally):

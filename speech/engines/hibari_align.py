@@ -1,0 +1,104 @@
+"""Hibari's own word timings: its model's phoneme durations, exposed and turned into seconds.
+
+Hibari's graph predicts how long each phoneme id lasts before it renders them (its length regulator:
+`/Round` -> `/Clip` -> `/Cast_32` -> `/CumSum`), but outputs only the vocoder's parameters. At load
+time `model_with_durations` adds `/Clip_output_0` (steps per id, the `speed` input already applied)
+as one more output; the six outputs Hibari has are computed as before, bit for bit
+(tests/test_hibari_align.py). A step is `STEP_FRAMES` vocoder frames (the graph's `/Tile` repeats each
+regulated frame twice; the audio is exactly `2 * sum(steps) * hop` samples) and a frame is
+`hibari.dsp.HOP` samples, centred on its index times the hop (the vocoder's inverse STFT is centred),
+so the boundary before step `c` lies at `(STEP_FRAMES * c - 1/2) * HOP` samples.
+
+`speech.engines.hibari_words` says which ids speak which words; `alignment` turns that into times
+from the first sample the engine yields for the part (after its silence trim), clamped to the part's
+audio, plus the audio the segment yielded before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from .base import Alignment, WordTiming
+from .hibari_words import Part, Plan
+
+DURATIONS = "/Clip_output_0"
+STEP_FRAMES = 2
+END_PAD_S = 0.03  # kept after the last sound's gate frame (speech.audio.signal) for a word's release
+END_LEAD_S = 0.05  # a word followed at once by the next ends this much before its last frame (_lead)
+JOINED_S = 0.1  # words closer than this have no pause between them
+
+
+def model_with_durations(path: str) -> bytes:
+    """Hibari's model with the phoneme durations as a seventh output, serialised for onnxruntime."""
+    import onnx
+
+    model = onnx.load(path)
+    if not any(DURATIONS in node.output for node in model.graph.node):
+        raise RuntimeError(f"{path} has no {DURATIONS}: this Hibari's graph is not the one word timings know")
+    model.graph.output.append(onnx.helper.make_tensor_value_info(DURATIONS, onnx.TensorProto.FLOAT, None))
+    return model.SerializeToString()
+
+
+def synthesise(session, ids, speed, rng):
+    """`Hibari.from_ids` on the session `model_with_durations` built: the waveform, and the steps of
+    every id (empty when there is nothing to say)."""
+    from hibari import dsp
+
+    if len(ids) < 3:
+        return np.zeros(0, np.float32), np.zeros(0, np.int64)
+    out = session.run(None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)})
+    lh, th, ln, lr, phi, f0 = (o[0] for o in out[:6])
+    return dsp.synth(lh, th, ln, lr, phi, f0, rng), np.rint(out[6]).astype(np.int64)
+
+
+def alignment(plan: Plan, part: Part, steps, kept, sound, offset: int, rate: int) -> Alignment:
+    """The words `part` reports, timed: `steps` per phoneme id (`synthesise`), `kept` the samples of the
+    rendered audio the engine yields (its trim), `sound` where its sound lies (`sound_bounds`), `offset`
+    the samples the segment yielded before it. The model stretches a sentence's last phoneme over the
+    silence after it: no word ends later than END_PAD_S after the last sound. Its first sound can lead
+    its first phoneme's frames (by up to ~50 ms, as its decoder sees frames ahead): the first word
+    starts no later than the first sound.
+    Words a part's tokens speak together (one reading for several words) share their time by
+    `speech.stream.words.estimate`; words nothing speaks take none, where the words before them end."""
+    from hibari.dsp import HOP
+
+    from ..stream.words import estimate
+
+    start, end = kept
+    last = 0 if sound is None else min(end - start, sound[1] + int(END_PAD_S * rate) - start)
+    bounds = np.concatenate(([0], np.cumsum(steps))) * (STEP_FRAMES * HOP) - HOP // 2 - start
+    times = ((np.clip(bounds, 0, max(0, last)) + offset) / rate).tolist() if len(steps) else []
+    spoken_ids = [first for _, _, spoken in part.entries for first, _ in spoken]
+    if spoken_ids and sound is not None:  # the model's first sound can come before its first phoneme's frames
+        times[spoken_ids[0]] = min(times[spoken_ids[0]], (sound[0] - start + offset) / rate)
+    words, now = [], offset / rate
+    for lo, hi, spoken in part.entries:
+        if not spoken:
+            words += [WordTiming(*plan.spans[w], now, now) for w in range(lo, hi + 1)]
+            continue
+        pieces = [(max(now, times[a]), max(now, times[b])) for a, b in spoken]
+        if lo == hi:
+            words.append(WordTiming(*plan.spans[lo], pieces[0][0], pieces[-1][1]))
+        elif len(pieces) == hi - lo + 1:
+            words += [WordTiming(*plan.spans[w], a, b) for w, (a, b) in zip(range(lo, hi + 1), pieces, strict=True)]
+        else:
+            spread = estimate(plan.text, pieces[-1][1] - pieces[0][0], plan.spans[lo : hi + 1]).words
+            words += [WordTiming(w.char_start, w.char_end, pieces[0][0] + w.start_s, pieces[0][0] + w.end_s) for w in spread]
+        now = words[-1].end_s
+    return Alignment(tuple(_lead(words)), estimated=part.estimated)
+
+
+def _lead(words: list[WordTiming]) -> list[WordTiming]:
+    """A word followed at once by another (no pause between) ends END_LEAD_S before its last frame,
+    at most half its time earlier: the decoder starts a sound ahead of its frames (a sentence's first sound
+    leads its first phoneme by up to ~50 ms), so a word's last frames already carry the next word's
+    onset; cut at the frame boundary, Whisper hears the next word in a third of the cuts that fail
+    (bench/RESULTS.md, bench/timestamps.py)."""
+    spoken = [i for i, w in enumerate(words) if w.end_s > w.start_s]
+    for i, j in zip(spoken, spoken[1:]):
+        if words[j].start_s - words[i].end_s < JOINED_S:
+            word = words[i]
+            words[i] = replace(word, end_s=max((word.start_s + word.end_s) / 2, word.end_s - END_LEAD_S))
+    return words
