@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import av
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,13 +44,24 @@ import django  # noqa: E402
 
 django.setup()
 
-from speech.audio.codecs import FORMATS, RAW_FORMATS, STREAMED_FORMATS, RawEncoder, encode_file, output_rate  # noqa: E402
+from speech.audio import streaming  # noqa: E402
+from speech.audio.codecs import (  # noqa: E402
+    FORMATS,
+    OPUS_RATE,  # noqa: E402
+    RAW_FORMATS,
+    STREAMED_FORMATS,
+    RawEncoder,
+    encode_file,
+    output_rate,
+)
+from speech.audio.signal import pcm16  # noqa: E402
 from speech.audio.streaming import SessionEncoder  # noqa: E402
 from speech.audio.transforms import Chain, plan_speed  # noqa: E402
 from speech.engines import SynthesisRequest  # noqa: E402
 from speech.engines.hibari import HibariEngine  # noqa: E402
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S  # noqa: E402
 from speech.stream.protocol import SAMPLE_RATES  # noqa: E402
+from tests.support.streams import CONTAINERS  # noqa: E402
 
 SECTION = "## Encoding and resampling cost (bench/audio_cost.py)"
 TARGET_RATIO = 0.10
@@ -140,6 +153,47 @@ def resample_and_stream(segments, fmt, out_rate):
     return total
 
 
+BAND_HZ = 7000  # the fidelity is compared up to here: the encoders low-pass above it at these bit rates
+OPUS_SETTINGS = [  # (application, complexity): the streamed encoder's, then the alternatives measured
+    ("voip", "0"),
+    ("audio", "0"),
+    ("voip", "5"),
+    ("voip", "10"),
+]
+
+
+def fidelity(segments, fmt, out_rate):
+    """(log-spectral distance in dB, kbit/s) of one streamed session of `segments` decoded with FFmpeg,
+    against the 16-bit samples it was made from: 20 ms frames holding sound (within 50 dB of the loudest),
+    each the RMS over frequency of the difference of the log power spectra, averaged. The segments line up
+    sample for sample: each decodes to its samples and its zeros up to a whole codec frame. Only up to
+    BAND_HZ: above it the encoders' low-pass, not their coding, would decide."""
+    encoder, data, references = SessionEncoder(fmt, out_rate), b"", []
+    for chunks in segments:
+        chain = Chain(ENGINE_RATE, out_rate)
+        parts = [chunk if chain.identity else chain.process(chunk) for chunk in chunks]
+        if not chain.identity:
+            parts.append(chain.flush())
+        samples = np.frombuffer(pcm16(np.concatenate(parts)), "<i2").astype(np.float32) / 32768
+        data += encoder.encode(samples) + encoder.end_segment()
+        padded = -(-samples.size // encoder.frame_size) * encoder.frame_size
+        references.append(np.pad(samples, (0, padded - samples.size)))
+    reference = np.concatenate(references)
+    with av.open(io.BytesIO(data), format=CONTAINERS[fmt]) as container:
+        decoded = np.concatenate([frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)])
+    size = int(out_rate * 0.02)
+    count = min(reference.size, decoded.size) // size
+    spectra = [
+        np.abs(np.fft.rfft(x[: count * size].reshape(count, size) * np.hanning(size), axis=1)) ** 2 for x in (reference, decoded)
+    ]
+    band = slice(1, int(BAND_HZ * size / out_rate) + 1)  # 50 Hz (one bin) to BAND_HZ: what every format keeps
+    levels = [10 * np.log10(spectrum[:, band] + 1e-10) for spectrum in spectra]
+    energy = spectra[0].sum(axis=1)
+    loud = energy > energy.max() * 1e-5
+    distance = np.sqrt(np.mean((levels[0][loud] - levels[1][loud]) ** 2, axis=1)).mean()
+    return float(distance), len(data) * 8 / (reference.size / out_rate) / 1000
+
+
 def timed(repeat, fn, *args):
     fn(*args)  # warm (codec and filter set-up, caches)
     times = []
@@ -197,6 +251,27 @@ async def run(repeat):
             streamed_rows.append((fmt, out_rate, resample_ms, encode_ms, total_ms, encode_ms / synth_ms))
             print(f"streamed {fmt:4s} {out_rate:5d}: encode {encode_ms:6.2f} ms/s  ratio {encode_ms / synth_ms:5.2f}", flush=True)
 
+    # Opus settings: cost and fidelity of the streamed encoder's and the alternatives, one run.
+    opus_rows = []
+    chosen = streaming.ENCODERS["opus"]
+    try:
+        for application, complexity in OPUS_SETTINGS:
+            streaming.ENCODERS["opus"] = (chosen[0], {"application": application, "compression_level": complexity}, chosen[2])
+            cost = (
+                timed(repeat, resample_and_stream, segments, "opus", OPUS_RATE) * 1000 / seconds
+                - resample_cache[OPUS_RATE] * 1000 / seconds
+            )
+            distance, kbps = fidelity(segments, "opus", OPUS_RATE)
+            opus_rows.append(
+                (f"application={application}, complexity {complexity}", max(0.0, cost), cost / synth_ms, distance, kbps)
+            )
+            print(f"opus {application}/{complexity}: encode {cost:.2f} ms/s, log-spectral distance {distance:.2f} dB", flush=True)
+    finally:
+        streaming.ENCODERS["opus"] = chosen
+    for fmt, rate in (("mp3", 24000), ("aac", 24000)):
+        distance, kbps = fidelity(segments, fmt, rate)
+        opus_rows.append((f"{fmt} at {rate} Hz (as streamed)", None, None, distance, kbps))
+
     # Time-stretch. The engine's plan (plan_speed over its speed range), then all-atempo from speed 1.0 audio.
     stretch_rows = []
     for speed in (0.25, 4.0):
@@ -226,7 +301,7 @@ async def run(repeat):
                 flush=True,
             )
     await engine.aclose()
-    return seconds, len(segments), synth_ms, rows, streamed_rows, stretch_rows
+    return seconds, len(segments), synth_ms, rows, streamed_rows, opus_rows, stretch_rows
 
 
 def streamed_table(streamed_rows):
@@ -237,6 +312,15 @@ def streamed_table(streamed_rows):
     for fmt, rate, resample_ms, encode_ms, total_ms, ratio in streamed_rows:
         verdict_text = "PASS" if ratio < TARGET_STREAMED else "FAIL"
         table.append(f"| {fmt} | {rate} | {resample_ms:.2f} | {encode_ms:.2f} | {total_ms:.2f} | {ratio:.3f} | {verdict_text} |")
+    return "\n".join(table)
+
+
+def opus_table(opus_rows):
+    table = ["| encoder | encode ms/s | encode / synthesis | log-spectral distance dB | kbit/s |", "|---|---:|---:|---:|---:|"]
+    for label, cost, ratio, distance, kbps in opus_rows:
+        cost_text = "" if cost is None else f"{cost:.2f}"
+        ratio_text = "" if ratio is None else f"{ratio:.3f}"
+        table.append(f"| {label} | {cost_text} | {ratio_text} | {distance:.2f} | {kbps:.0f} |")
     return "\n".join(table)
 
 
@@ -270,7 +354,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     command = "python bench/audio_cost.py" + (f" --repeat {args.repeat}" if args.repeat != 5 else "")
 
-    seconds, count, synth_ms, rows, streamed_rows, stretch_rows = asyncio.run(run(args.repeat))
+    seconds, count, synth_ms, rows, streamed_rows, opus_rows, stretch_rows = asyncio.run(run(args.repeat))
     main_table, stretch_table = tables(rows, stretch_rows)
     streamed = streamed_table(streamed_rows)
     streamed_failed = [f"{fmt}@{rate}" for fmt, rate, *_, ratio in streamed_rows if ratio >= TARGET_STREAMED]
@@ -282,6 +366,8 @@ def main(argv=None):
     print(main_table)
     print()
     print(streamed)
+    print()
+    print(opus_table(opus_rows))
     print()
     print(stretch_table)
 
@@ -310,6 +396,13 @@ def main(argv=None):
             f"under {TARGET_STREAMED:.0%} of the synthesis time of the same audio.",
             "",
             streamed,
+            "",
+            "Opus settings, one session of the same speech each (the first row is the streamed encoder's): the "
+            "encoder's cost as above, and the log-spectral distance of the decoded stream to the 16-bit samples it "
+            "was made from (20 ms frames holding sound, RMS over 50 Hz-7 kHz of the difference of log power spectra, "
+            "averaged; lower is closer), with mp3 and aac for comparison:",
+            "",
+            opus_table(opus_rows),
             "",
             f"Streamed: {len(streamed_rows) - len(streamed_failed)} of {len(streamed_rows)} rows under "
             f"{TARGET_STREAMED:.0%}" + (f"; over it: {', '.join(streamed_failed)}." if streamed_failed else "."),

@@ -174,7 +174,7 @@ def main(argv=None):
             f"{fmt} {np.median(values):.3f}x (p10-p90 {np.percentile(values, 10):.3f}-{np.percentile(values, 90):.3f})"
             for fmt, values in load.items()
         )
-        + " (encoding on threads below the synthesis threads' priority, speech/audio/streaming.py)."
+        + " (encoding off the event loop at the synthesis threads' priority, speech/audio/streaming.py)."
     )
     print("\n".join(rows), "", verdict_line, load_line, sep="\n")
     section = "\n".join(

@@ -51,11 +51,11 @@ class IdleCalls:
         self.event.clear()
 
 
-def make_pipeline(engine, transport, *, stream=True, max_segment_chars=4096):
+def make_pipeline(engine, transport, *, stream=True, max_segment_chars=4096, fmt="pcm"):
     idle = IdleCalls()
     pipeline = Pipeline(
         engine=engine,
-        config=SessionConfig(voice="fake", stream_audio=stream),
+        config=SessionConfig(voice="fake", stream_audio=stream, response_format=fmt),
         transport=transport,
         session_id="speech_ws_" + "0" * 32,
         max_segment_chars=max_segment_chars,
@@ -241,9 +241,9 @@ class GatedEngine(FakeEngine):
             yield chunk
 
 
-def gated_pipeline(*texts):
+def gated_pipeline(*texts, fmt="pcm"):
     engine, t = GatedEngine(), Recorder()
-    pipeline, idle = make_pipeline(engine, t)
+    pipeline, idle = make_pipeline(engine, t, fmt=fmt)
     for text in texts:
         pipeline.enqueue(text)
     return engine, t, pipeline, idle
@@ -339,8 +339,9 @@ async def test_frames_hold_whole_samples_whatever_the_room():
     await guard(pipeline.aclose())
 
 
-async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_frame():
-    engine, t, pipeline, idle = gated_pipeline("One.", "Two.", "Three.")
+@pytest.mark.parametrize("fmt", ["pcm", "mp3"])  # streamed mp3: its first frame is its first MP3 frames
+async def test_lookahead_starts_only_after_the_current_segment_sent_its_first_frame(fmt):
+    engine, t, pipeline, idle = gated_pipeline("One.", "Two.", "Three.", fmt=fmt)
     await asyncio.sleep(0)
     assert [job.producer is not None for job in pipeline.jobs] == [True, False, False]
     assert [job.ticket.current for job in pipeline.jobs] == [True, False, False]

@@ -38,13 +38,14 @@ from .signal import pcm16
 # format -> (FFmpeg encoder, options, bit rate); docs/decisions.md says why.
 ENCODERS = {
     "mp3": ("libmp3lame", {"compression_level": "7", "reservoir": "0"}, None),
-    "opus": ("libopus", {"application": "audio", "compression_level": "0"}, 32000),
+    "opus": ("libopus", {"application": "voip", "compression_level": "0"}, 32000),
     "aac": ("aac", {"aac_coder": "fast"}, None),
 }
 _priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
-# The encoding threads' niceness over the process's: below the synthesis threads' (+5, speech/engines/pool.py),
-# so that synthesis, which every session's first audio waits for, goes first (weight 110 against 335).
-ENCODE_NICE = 10
+# The encoding threads' niceness over the process's: the synthesis threads' (speech/engines/pool.py), below the
+# event loop's. Below synthesis (+10), a session's later frames waited behind everything else on a busy
+# machine: 4 sessions at once took 2.2x pcm's wall time for mp3 against 1.8x at +5 (docs/decisions.md).
+ENCODE_NICE = 5
 
 
 def _lower_priority():
@@ -53,8 +54,8 @@ def _lower_priority():
 
 
 # FFmpeg's encoders release the GIL: sessions' audio is encoded here, beside the event loop, which an
-# encoder would hold for milliseconds, and below the synthesis threads' priority, over which the loop's
-# would take precedence (docs/decisions.md). A segment's first frame is encoded in the loop.
+# encoder would hold for milliseconds, and at the synthesis threads' priority, over which the loop's would
+# take precedence (docs/decisions.md). A segment's first frame is encoded in the loop.
 _threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_lower_priority)
 
 
@@ -131,7 +132,10 @@ class SessionEncoder:
         self.fmt, self.rate = fmt, rate
         self.frame_size, self.priming = _measure(fmt, rate)
         self._ogg = OggOpusPages() if fmt == "opus" else None
-        self._codec = None  # the current segment's encoder, made at its first samples
+        self._codec = None  # the current segment's encoder, from its first samples
+        # The next segment's encoder, opened ahead (LAME's open takes about half a millisecond): after a
+        # segment's tail, on the encoding thread, not on the way to the next segment's first frame.
+        self._ready = _open(fmt, rate)
         self._lead = 0  # zeros fed before the segment's first sample
         self._fed = 0  # samples fed to the current encoder, zeros included
         self._pending = np.zeros(0, np.int16)  # fed samples not yet a whole codec frame
@@ -140,7 +144,7 @@ class SessionEncoder:
         """Whole frames (pages) of `samples`, float32 mono at the session's rate; b"" while the encoder
         still gathers a frame."""
         if self._codec is None:
-            self._codec = _open(self.fmt, self.rate)
+            self._codec, self._ready = self._ready or _open(self.fmt, self.rate), None
             self._lead = (self.frame_size - self.priming % self.frame_size) % self.frame_size
             self._fed = 0
             self._pending = np.zeros(self._lead, np.int16)
@@ -157,6 +161,7 @@ class SessionEncoder:
         tail = np.zeros(-self._pending.size % self.frame_size, np.int16)
         packets = self._frames(np.concatenate([self._pending, tail]), flush=True)
         self._codec, self._pending = None, np.zeros(0, np.int16)
+        self._ready = self._ready or _open(self.fmt, self.rate)
         return self._wrap([packet for packet in packets if packet[0] < end])
 
     def cut(self, lost):
@@ -164,6 +169,7 @@ class SessionEncoder:
         last bytes `encode` or `end_segment` returned never reached the client (an Ogg stream then
         numbers its next page as if they had not been made)."""
         self._codec, self._pending = None, np.zeros(0, np.int16)
+        self._ready = self._ready or _open(self.fmt, self.rate)
         if lost and self._ogg is not None:
             self._ogg.rewind()
 

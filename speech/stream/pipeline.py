@@ -184,8 +184,8 @@ class Pipeline:
                         chunk = await self._first_frame_first(job, encoder, chunk)
                     if chunk.size:
                         job.chunks.put_nowait(encoder.encode(chunk) if encoder else chunk)
-                        streamed_audio = encoder is not None
-                    if encoder is None:
+                        streamed_audio = self.config.stream_audio  # raw, or coded in delivery (_stream_coded)
+                    if not self.config.stream_audio:
                         self._started(job)
         except SpeechError as exc:
             job.chunks.put_nowait(exc)
