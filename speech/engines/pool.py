@@ -96,6 +96,7 @@ listener gone), unheard (ran to its end after its listener left: it was in a ste
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import sys
 import threading
@@ -160,6 +161,7 @@ class SynthesisPool:
         self._seq = itertools.count()
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
+        self._alive: set[threading.Thread] = set()  # this pool's threads that have not ended
         pools.add(self)
 
     @property
@@ -296,13 +298,17 @@ class SynthesisPool:
             if job.state == ABANDONED:
                 self._retire(worker)
         place_thread(worker.native_id, self._niceness, worker.core)
-        while job is not None:
-            self._call(job, worker)
-            if worker.retired:
-                return
-            worker.wake.wait()
-            worker.wake.clear()
-            job, worker.job = worker.job, None  # None: the pool shut down
+        self._alive.add(threading.current_thread())
+        try:
+            while job is not None:
+                self._call(job, worker)
+                if worker.retired:
+                    return
+                worker.wake.wait()
+                worker.wake.clear()
+                job, worker.job = worker.job, None  # None: the pool shut down
+        finally:
+            self._alive.discard(threading.current_thread())
 
     def _call(self, job, worker):
         """Run `job` on this thread, then, while jobs wait, the most urgent of them; then put this thread
@@ -386,6 +392,27 @@ class SynthesisPool:
                 pass
         for worker in idle:  # woken with no job: the thread ends
             worker.wake.set()
+
+    def join(self, timeout):
+        """Wait up to `timeout` seconds for this pool's threads to end (after `shutdown`)."""
+        deadline = time.monotonic() + timeout
+        for thread in list(self._alive):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+EXIT_WAIT_S = 5.0
+
+
+@atexit.register
+def _stop_at_exit():
+    """The synthesis threads are daemons, so that an idle one never holds the process open; one still in
+    a model's run when the interpreter finalises would be torn out of onnxruntime's C++ (the process
+    aborts: "terminate called without an active exception"). At exit every pool stops taking jobs and
+    its running ones are waited for."""
+    for pool in list(pools):
+        pool.shutdown()
+    for pool in list(pools):
+        pool.join(EXIT_WAIT_S)
 
 
 def _can_wait(ticket):
