@@ -358,6 +358,7 @@ class SynthesisPool:
                 held.notice = notice
             else:
                 post(*notice)
+            notice = result = None  # the audio is the listener's now: this thread keeps none of it alive
             job = following
 
     def _take(self):
