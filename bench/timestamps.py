@@ -14,6 +14,8 @@ transcribes:
 * Whisper's ceiling: for some of those cuts (a word not last in its sentence), cuts at several points
   around `end_s`: how often any of them gives exactly the words (how well a perfect `end_s` could do
   with this judge);
+* for a word Whisper starts more than DISPUTE_S before `start_s`, a cut halfway between the two: if
+  Whisper were right, it would hear the word begun; not hearing it says `start_s` is;
 * cuts `BEFORE_S` before a random word's `start_s` (not the first word): right when the transcript
   does not go on to that word (target >= 95 %);
 * |start_s - Whisper's word start| for every word whose Whisper word begins where it does (targets:
@@ -46,9 +48,10 @@ sys.path.insert(0, str(ROOT))
 from report import header, write_section  # noqa: E402
 from timestamps_corpus import sentences  # noqa: E402
 
-from speech.audio.signal import sound_bounds  # noqa: E402
+from speech.audio.signal import sound_bounds, trim_bounds  # noqa: E402
 from speech.engines.base import Alignment, SynthesisRequest  # noqa: E402
 from speech.engines.hibari import HibariEngine  # noqa: E402
+from speech.engines.hibari_align import alignment, synthesise  # noqa: E402
 from speech.engines.hibari_words import normalised, plan  # noqa: E402
 from speech.engines.spread import spread  # noqa: E402
 from speech.engines.text import for_number_reader  # noqa: E402
@@ -63,6 +66,7 @@ FADE_S = 0.010
 CUT_TARGET = 0.95
 MEDIAN_TARGET_MS, P95_TARGET_MS = 80.0, 200.0
 CONTROL_GAP_S = 0.05
+DISPUTE_S = 0.15
 CEILING_OFFSETS_S = (-0.1, -0.05, -0.025, 0.0, 0.025, 0.05)
 PAUSE = re.compile(r"[,;:.!?…—]")  # punctuation between two words: the voice pauses there
 
@@ -107,6 +111,7 @@ def canon(text):
     numbers below 1000 spelled out, punctuation gone) after ordinal endings are dropped and digits parted
     from letters ("15th" and "15", "21pm" and "21 p.m." alike), its words then joined without spaces
     ("o'clock", "o clock" and "oclock" alike)."""
+    text = re.sub(r"(?<=\d) (?=[.,]\d)", "", text)  # Whisper's "$7 .20", "1 ,250"
     text = re.sub(r"(?<=\d)(?:st|nd|rd|th)\b", "", text)
     text = re.sub(r"(?<=\d)(?=[A-Za-z])|(?<=[A-Za-z])(?=\d)", " ", text)
     return "".join(normalise(text))
@@ -117,13 +122,14 @@ def heard(model, samples):
 
 
 def readings(text, words):
-    """Per word of `text`, the forms (`canon`) it may be heard as: as written, and as Hibari reads it."""
+    """Per word of `text`, the forms (`canon`) it may be heard as: as written, and as Hibari reads its
+    whitespace run (the word and the punctuation about it)."""
     spoken = normalised(Traced.of(text))
+    runs = [m.span() for m in re.finditer(r"\S+", text)]
     out = []
     for timing in words:
-        said = "".join(
-            ch for ch, (a, _) in zip(spoken.text, spoken.origin, strict=True) if timing.char_start <= a < timing.char_end
-        )
+        lo, hi = next(run for run in runs if run[0] <= timing.char_start < run[1])  # "Prof." reads as "Professor"
+        said = "".join(ch for ch, (a, _) in zip(spoken.text, spoken.origin, strict=True) if lo <= a < hi)
         out.append(sorted({canon(text[timing.char_start : timing.char_end]), canon(said)}))
     return out
 
@@ -149,7 +155,7 @@ def goes_on_to(tokens, forms):
 async def accuracy(engine, model, texts, cuts, draw, ceiling):
     end_ok = end_n = before_ok = before_n = skipped = guess_ok = 0
     best = {offset: 0 for offset in CEILING_OFFSETS_S}
-    best_any = best_n = 0
+    best_any = best_n = disputed = ours_right = 0
     diffs, paused, guess_diffs, misses = [], [], [], []
     for index, text in enumerate(texts):
         samples, words = await speak(engine, text, seed=index)
@@ -162,6 +168,9 @@ async def accuracy(engine, model, texts, cuts, draw, ceiling):
             continue
         for i, diff in start_differences(whole, forms, words):
             (paused if i == 0 or PAUSE.search(text[words[i - 1].char_end : words[i].char_start]) else diffs).append(diff)
+            if diff > DISPUTE_S:  # Whisper has the word start well before ours: cut halfway between the two
+                disputed += 1
+                ours_right += not goes_on_to(heard(model, cut(samples, words[i].start_s - diff / 2)), forms[: i + 1])
         guessed = spread(text, samples, RATE).words  # what an upstream engine's estimate makes of it
         guess_diffs += [diff for _, diff in start_differences(whole, forms, guessed)]
         for k in range(cuts):
@@ -194,6 +203,7 @@ async def accuracy(engine, model, texts, cuts, draw, ceiling):
         "paused_ms": np.array(paused) * 1000,
         "guess_end": (guess_ok, end_n // cuts),
         "ceiling": (best_any, best_n, best),
+        "disputed": (ours_right, disputed),
         "guess_diffs_ms": np.abs(np.array(guess_diffs)) * 1000,
     }
 
@@ -245,6 +255,29 @@ async def cost(engine, texts, rounds):
     return per
 
 
+def align_cost(engine, texts, repeat=20):
+    """CPU ms of `hibari_align.alignment` per sentence (each timed `repeat` times over), against the CPU
+    of rendering the same sentences (model and vocoder): the work timestamps add to a segment."""
+    tts = engine._models[engine.capabilities.default_voice]
+    rng = np.random.default_rng(0)
+    render = align = 0.0
+    parts = 0
+    for text in texts:
+        planned = plan(tts, text)
+        for part in planned.parts:
+            cpu = time.process_time()
+            raw, steps = synthesise(tts.sess, part.ids, 1.0, rng)
+            sound = sound_bounds(raw, RATE)
+            kept = trim_bounds(sound, raw.size, RATE)
+            render += time.process_time() - cpu
+            cpu = time.process_time()
+            for _ in range(repeat):
+                alignment(planned, part, steps, kept, sound, 0, RATE)
+            align += (time.process_time() - cpu) / repeat
+            parts += 1
+    return align * 1000 / parts, render * 1000 / parts
+
+
 def text_cost(tts, texts, rounds):
     """CPU ms per sentence of the engine's text path (`plan`: Hibari's, traced) against
     `Hibari.phonemize` alone, in alternating rounds."""
@@ -273,11 +306,12 @@ async def main(args):
     whisper_error = await control(engine, model, plain)
     per = await cost(engine, texts[:30], args.rounds)
     per_text = text_cost(engine._models[engine.capabilities.default_voice], texts, args.rounds)
+    per_align = align_cost(engine, texts)
     await engine.aclose()
-    return result, whisper_error, len(plain), per, per_text
+    return result, whisper_error, len(plain), per, per_text, per_align
 
 
-def report(args, result, whisper_error, plain, per, per_text):
+def report(args, result, whisper_error, plain, per, per_text, per_align):
     end_ok, end_n = result["end"]
     before_ok, before_n = result["before"]
     diffs, signed = result["diffs_ms"], result["signed_ms"]
@@ -285,6 +319,7 @@ def report(args, result, whisper_error, plain, per, per_text):
     guess_ok, guess_n = result["guess_end"]
     guess = result["guess_diffs_ms"]
     best_any, best_n, best = result["ceiling"]
+    ours_right, disputed = result["disputed"]
     whisper_abs = np.abs(whisper_error)
     ratios = [on / off for off, on in zip(per[False], per[True], strict=True)]
     checks = {
@@ -315,6 +350,9 @@ def report(args, result, whisper_error, plain, per, per_text):
         f"{pct(joined, 95):.0f} ms | |",
         f"| words after a pause (the first word, or after punctuation; {paused.size}): signed median, p5-p95 | "
         f"{pct(paused, 50):+.0f}, {pct(paused, 5):+.0f} to {pct(paused, 95):+.0f} ms | |",
+        f"| words Whisper starts over {DISPUTE_S * 1000:.0f} ms before `start_s` ({disputed}): cut halfway between the "
+        f"two, Whisper does not hear the word yet (`start_s` right, Whisper early) | {ours_right}/{disputed} = "
+        f"{ours_right / max(1, disputed):.0%} | |",
         f"| Whisper's own start error (control: {plain} plain sentences, words spoken one by one, cut to their "
         f"sound and joined with {CONTROL_GAP_S * 1000:.0f} ms of silence, {whisper_error.size} words): median / p95 "
         f"| {pct(whisper_abs, 50):.0f} / {pct(whisper_abs, 95):.0f} ms (signed median {pct(whisper_error, 50):+.0f} ms) "
@@ -333,6 +371,9 @@ def report(args, result, whisper_error, plain, per, per_text):
         "",
         f"* timestamps off: median {pct(per[False], 50):.4f}, on: median {pct(per[True], 50):.4f}",
         f"* on / off per pair of rounds: median {pct(ratios, 50):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})",
+        f"* `hibari_align.alignment` itself: {per_align[0]:.3f} ms CPU a sentence, against {per_align[1]:.1f} ms to render "
+        f"it (model and vocoder): {per_align[0] / per_align[1]:.2%} (the {len(sentences(args.sentences))} sentences, "
+        "each timed 20 times over)",
         f"* the engine's text path, paid with or without timestamps (`hibari_words.plan`: Hibari's own, traced to "
         f"the words): {pct(per_text['plan'], 50):.2f} ms CPU a sentence against {pct(per_text['phonemize'], 50):.2f} ms "
         f"for `Hibari.phonemize` alone (medians over {args.rounds} alternating rounds of the {len(sentences(args.sentences))} "
