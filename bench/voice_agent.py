@@ -93,36 +93,51 @@ def words_of(text):
     return [word.strip(".,;:!?\"'()") for word in text.split() if word.strip(".,;:!?\"'()")]
 
 
-async def read_until(ws, kind, sink):
+class Trial:
+    """What the session's one reader task tells the trial under way: its first frame and its answer."""
+
+    def __init__(self):
+        self.player = Player()
+        self.first = asyncio.get_running_loop().create_future()
+        self.told = asyncio.get_running_loop().create_future()
+
+
+async def pump(ws, trials):
+    """Read the session for its whole life, handing each item to the trial under way (the last one of
+    `trials`). A read is never cancelled: in Python 3.11 a cancelled `wait_for` can lose the message it
+    had just received."""
     while True:
         item = await recv_item(ws)
-        sink(item)
-        if item.kind == "event" and item.data["type"] == kind:
-            return item
+        trial = trials[-1]
+        if item.kind == "event" and item.data["type"] == "error":
+            raise RuntimeError(f"the server answered {item.data}")
+        trial.player.on_item(item)
+        if item.kind == "audio" and not trial.first.done():
+            trial.first.set_result(item.at)
+        elif item.kind == "event" and item.data["type"] == "input.cancelled":
+            trial.told.set_result(item.data)
 
 
 async def heard_trials(url, trials, rng):
     ws = await open_session(url)
-    results = []
+    results, under_way = [], []
+    reader = None
     try:
         await configure(ws, {"response_format": "pcm", "stream_audio": True, "timestamps": "word"})
-        for trial in range(trials):
-            player = Player()
-            text = " ".join(SENTENCES[(trial + i) % len(SENTENCES)] for i in range(3))
+        reader = asyncio.create_task(pump(ws, under_way))
+        for number in range(trials):
+            trial = Trial()
+            under_way.append(trial)
+            text = " ".join(SENTENCES[(number + i) % len(SENTENCES)] for i in range(3))
             await send_json(ws, {"type": "input.text", "text": text + " "})
-            first = await read_until_audio(ws, player)
-            deadline = first + rng.uniform(0.05, 3.0)
-            reader = asyncio.create_task(read_forever(ws, player))
-            await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
-            now = time.perf_counter()
-            client = trial % 2 == 0
-            played = player.played_ms(now)
+            first = await asyncio.wait_for(asyncio.shield(trial.first), 30)
+            await asyncio.sleep(max(0.0, first + rng.uniform(0.05, 3.0) - time.perf_counter()))
+            client = number % 2 == 0
+            played = trial.player.played_ms(time.perf_counter())
             message = {"type": "input.cancel", **({"played_ms": round(played, 1)} if client else {})}
             await send_json(ws, message)
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            told = (await read_until(ws, "input.cancelled", player.on_item)).data
-            truth = player.heard_words(told["played_ms"] if client else played)
+            told = await asyncio.wait_for(asyncio.shield(trial.told), 30)
+            truth = trial.player.heard_words(told["played_ms"] if client else played)
             spoken = words_of(told["spoken_text"])
             results.append(
                 {
@@ -132,23 +147,14 @@ async def heard_trials(url, trials, rng):
                     "estimate_error_ms": None if client else told["played_ms"] - played,
                 }
             )
+            under_way[:] = [trial]  # the player keeps no earlier trial
         await send_json(ws, {"type": "input.done"})
     finally:
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
         await ws.close()
     return results
-
-
-async def read_until_audio(ws, player):
-    while True:
-        item = await recv_item(ws)
-        player.on_item(item)
-        if item.kind == "audio":
-            return item.at
-
-
-async def read_forever(ws, player):
-    while True:
-        player.on_item(await recv_item(ws))
 
 
 LEAD_S = 0.25  # the real-time reader keeps this much audio in hand, as a player's jitter buffer would
