@@ -1,6 +1,6 @@
 """The registry sweep's rules (speech/control/sweep.py), in process: which instances' rows it marks lost,
-from their heartbeats in Redis (a stand-in answering MGET here; tests/test_registry_truth.py runs the real
-thing), and what it does at an instance's start and without Redis."""
+judged by their heartbeats in Redis (a stand-in answering MGET here; tests/test_registry_truth.py runs the
+real thing), and what it does at an instance's start and without Redis."""
 
 from __future__ import annotations
 
