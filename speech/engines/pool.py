@@ -282,12 +282,16 @@ class SynthesisPool:
                 worker.job = job
                 worker.wake.set()
             else:
-                thread = threading.Thread(target=self._work, args=(job,), name=f"{self.name}_{next(self._threads)}", daemon=True)
+                # The job goes in a list the thread empties: a Thread keeps its args until it ends, and
+                # the job's result (a sentence's audio) must not live as long as an idle thread.
+                name = f"{self.name}_{next(self._threads)}"
+                thread = threading.Thread(target=self._work, args=([job],), name=name, daemon=True)
                 thread.start()
             handed.append(job)
 
-    def _work(self, job):
+    def _work(self, handoff):
         """A synthesis thread's life: placed once, then jobs until it retires or the pool shuts down."""
+        job = handoff.pop()
         worker = _Worker()
         worker.native_id = threading.get_native_id()
         with self._lock:
@@ -302,6 +306,7 @@ class SynthesisPool:
         try:
             while job is not None:
                 self._call(job, worker)
+                job = None  # an idle thread keeps no finished job (nor its result, the audio) alive
                 if worker.retired:
                     return
                 worker.wake.wait()
