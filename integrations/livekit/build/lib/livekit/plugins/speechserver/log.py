@@ -1,3 +1,0 @@
-import logging
-
-logger = logging.getLogger("livekit.plugins.speechserver")
