@@ -371,9 +371,9 @@ async def test_session_each_segment_is_its_own_file(speech, fmt):
 
 
 async def test_session_encoder_failure_fails_only_that_segment(speech, monkeypatch):
-    import speech.stream.pipeline as pipeline
+    import speech.audio.output as output
 
-    real = pipeline.encode_file
+    real = output.encode_file
     calls = []
 
     def flaky(fmt, samples, rate):
@@ -382,7 +382,7 @@ async def test_session_encoder_failure_fails_only_that_segment(speech, monkeypat
             raise EncodingError("wav encoder failed: boom")
         return real(fmt, samples, rate)
 
-    monkeypatch.setattr(pipeline, "encode_file", flaky)
+    monkeypatch.setattr(output, "encode_file", flaky)
     engine = fake()
     s = await speech(engine, response_format="wav")
     session_id = s.session.session_id

@@ -17,6 +17,7 @@ import numpy as np
 from .signal import pcm16
 
 RAW_FORMATS = ("pcm", "mulaw", "alaw")
+SAMPLE_BYTES = {"pcm": 2, "mulaw": 1, "alaw": 1}  # a raw format's bytes a sample: s16le, G.711
 STREAMED_FORMATS = ("mp3", "opus", "aac")  # streamed as one stream a session (speech/audio/streaming.py)
 STREAMABLE_FORMATS = RAW_FORMATS + STREAMED_FORMATS
 # format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (~130x real time, docs/engines.md)
@@ -72,7 +73,6 @@ class RawEncoder:
             raise ValueError(f"{fmt} is not a raw format")
         self.fmt = fmt
         self.rate = rate
-        self.bytes_per_sample = 2 if fmt == "pcm" else 1
         self._codec = None
         if fmt in _G711:
             self._codec = av.CodecContext.create(_G711[fmt], "w")

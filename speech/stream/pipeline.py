@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import metrics
-from ..audio.codecs import RAW_FORMATS, STREAMED_FORMATS, EncodingError, RawEncoder, encode_file
+from ..audio.codecs import RAW_FORMATS, SAMPLE_BYTES, STREAMED_FORMATS, EncodingError, RawEncoder
+from ..audio.output import encode_segment
 from ..audio.streaming import StreamedAudio
 from ..engines.base import Alignment
 from .contexts import Context, Contexts
@@ -314,7 +315,6 @@ class Pipeline:
 
     async def _deliver(self, job: Job) -> None:
         fmt, streaming = self.config.response_format, self.config.stream_audio
-        raw = RawEncoder(fmt, self.rate) if fmt in RAW_FORMATS else None
         collected: list[np.ndarray] = []
         alignments: list[Alignment] = []
         failure = None
@@ -334,7 +334,7 @@ class Pipeline:
                 except EncodingError as exc:
                     failure = server_error(str(exc))
             elif streaming:  # raw audio, encoded by the producer
-                await self._stream(job, raw.bytes_per_sample, item)  # type: ignore[union-attr]
+                await self._stream(job, SAMPLE_BYTES[fmt], item)
             else:
                 collected.append(item)
         if self._coder is not None and job.announced:  # all of the segment's audio before its audio.done
@@ -344,16 +344,15 @@ class Pipeline:
             except EncodingError as exc:
                 failure = failure or server_error(str(exc))
         if failure is None and collected:
-            samples = collected[0] if len(collected) == 1 else np.concatenate(collected)
             try:
-                data = raw.encode(samples) if raw else await asyncio.to_thread(encode_file, fmt, samples, self.rate)
+                data = await encode_segment(fmt, collected, self.rate)
             except EncodingError as exc:
                 failure = server_error(str(exc))
             else:
                 await self._start(job)
                 for alignment in alignments:
                     await self._timestamps(job, alignment)
-                await self._send_audio(job, data, samples.size / self.rate)
+                await self._send_audio(job, data, sum(chunk.size for chunk in collected) / self.rate)
         if failure is not None or not job.announced:
             failure = failure or server_error("the engine produced no audio for this segment")
             partial = job.bytes_sent > 0

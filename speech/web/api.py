@@ -8,13 +8,11 @@ with the endpoint's scope (docs/security.md), and a key's requests are rate limi
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import math
 import time
 
-import numpy as np
 from asgiref.sync import sync_to_async
 
 from django.core.files.uploadhandler import FileUploadHandler, StopUpload
@@ -25,8 +23,8 @@ from . import auth, ratelimit
 from ..control import signals as control, registry
 from ..stream import events, messages, oneshot, protocol
 from .. import metrics, voices
-from ..audio.codecs import RAW_FORMATS, EncodingError, RawEncoder, encode_file
-from ..audio.streaming import StreamedAudio
+from ..audio.codecs import EncodingError
+from ..audio.output import encode_segment, stream_encoder
 from ..stream.frames import FIRST_FRAME_S, FRAME_S
 from ..conf import conf, voice_aliases
 from ..engines import EngineBusy, get_engine
@@ -306,7 +304,7 @@ async def speech(request):
         except SpeechError as exc:
             return _synthesis_error(exc)
         fmt, rate = config.response_format, config.sample_rate
-        encoder = RawEncoder(fmt, rate) if fmt in RAW_FORMATS else StreamedAudio(fmt, rate, FIRST_FRAME_S, FRAME_S)
+        encoder = stream_encoder(fmt, rate, FIRST_FRAME_S, FRAME_S)
         response = StreamingHttpResponse(_stream(audio, first, encoder), content_type=CONTENT_TYPES[fmt])
         response["X-Sample-Rate"], response["X-Channels"] = str(rate), "1"
         if fmt == "pcm":
@@ -316,13 +314,7 @@ async def speech(request):
         chunks = [chunk async for chunk in audio]
         if not chunks:
             raise EncodingError("the engine produced no audio")
-        samples = np.concatenate(chunks)
-        fmt = config.response_format
-        data = (
-            RawEncoder(fmt, config.sample_rate).encode(samples)
-            if fmt in RAW_FORMATS
-            else await asyncio.to_thread(encode_file, fmt, samples, config.sample_rate)
-        )
+        data = await encode_segment(config.response_format, chunks, config.sample_rate)
     except (SpeechError, EncodingError) as exc:
         return _synthesis_error(exc)
     response = HttpResponse(data, content_type=CONTENT_TYPES[config.response_format])
@@ -346,23 +338,14 @@ async def _stream(audio, first, encoder):
     first byte can only end the stream early."""
     try:
         if first is not None:
-            async for data in _encoded(encoder, first):
+            async for data, _ in encoder.frames(first):
                 yield data
         async for chunk in audio:
-            async for data in _encoded(encoder, chunk):
+            async for data, _ in encoder.frames(chunk):
                 yield data
-        if isinstance(encoder, StreamedAudio) and (tail := await encoder.end_segment()):
+        if tail := await encoder.end_segment():
             yield tail[0]
     except (SpeechError, EncodingError) as exc:
         logger.warning("speech stream ended early: %s", exc)
     finally:
         await audio.aclose()
-
-
-async def _encoded(encoder, chunk):
-    """A chunk's bytes: raw at once, or the whole codec frames the session's encoder makes of it."""
-    if isinstance(encoder, StreamedAudio):
-        async for data, _ in encoder.frames(chunk):
-            yield data
-    else:
-        yield encoder.encode(chunk)
