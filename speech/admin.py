@@ -8,7 +8,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .audio.codecs import CONTAINER_MEDIA_TYPES
+from .audio.codecs import MEDIA_TYPES
 from .control import signals as control
 from . import voices
 from .models import DEFAULT_SCOPES, ApiKey, Scope, SessionRecord, Voice
@@ -144,7 +144,7 @@ class VoiceAdmin(admin.ModelAdmin):
         voice = Voice.objects.filter(pk=pk).first()
         if voice is None or not self.has_view_permission(request, voice):
             raise Http404
-        return FileResponse(voice.audio.open("rb"), content_type=CONTAINER_MEDIA_TYPES[voice.container])
+        return FileResponse(voice.audio.open("rb"), content_type=MEDIA_TYPES[voice.container])
 
 
 class ApiKeyForm(forms.ModelForm):

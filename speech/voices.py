@@ -20,6 +20,7 @@ import numpy as np
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 
+from .audio.codecs import MEDIA_TYPES
 from .control import signals as control, registry
 from .models import Voice
 
@@ -42,13 +43,17 @@ EXTENSIONS = {
     "m4a": {"m4a", "mp4", "aac"},
     "webm": {"webm", "weba", "mkv"},
 }
+# ... and the content types it may be sent as: its media type (codecs.MEDIA_TYPES) and these others.
 CONTENT_TYPES = {
-    "wav": {"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"},
-    "flac": {"audio/flac", "audio/x-flac"},
-    "mp3": {"audio/mpeg", "audio/mp3"},
-    "ogg": {"audio/ogg", "application/ogg", "audio/opus"},
-    "m4a": {"audio/mp4", "audio/m4a", "audio/x-m4a", "audio/aac", "video/mp4"},
-    "webm": {"audio/webm", "video/webm"},
+    container: {MEDIA_TYPES[container], *others}
+    for container, others in {
+        "wav": {"audio/x-wav", "audio/wave", "audio/vnd.wave"},
+        "flac": {"audio/x-flac"},
+        "mp3": {"audio/mp3"},
+        "ogg": {"application/ogg", "audio/opus"},
+        "m4a": {"audio/m4a", "audio/x-m4a", "audio/aac", "video/mp4"},
+        "webm": {"video/webm"},
+    }.items()
 }
 NEUTRAL_CONTENT_TYPES = {"", "application/octet-stream"}
 

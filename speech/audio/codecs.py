@@ -31,12 +31,18 @@ FILE_FORMATS = {
     "aac": ("adts", "aac", {"aac_coder": "fast"}),
 }
 FORMATS = tuple(sorted(RAW_FORMATS + tuple(FILE_FORMATS)))
-# The media type of each container a reference voice may be uploaded in (speech/voices.py checks
-# uploads; the admin serves them, the upstream engine sends them as data: URLs).
-CONTAINER_MEDIA_TYPES = {
+# The media type of each response_format (the REST response's Content-Type, the OpenAPI document) and
+# of each container a reference voice may be uploaded in (speech/voices.py checks uploads against it;
+# the admin serves them, the upstream engine sends them as data: URLs).
+MEDIA_TYPES = {
+    "pcm": "audio/pcm",
     "wav": "audio/wav",
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
+    "opus": "audio/ogg",  # Ogg Opus
+    "aac": "audio/aac",  # ADTS
+    "mulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
     "ogg": "audio/ogg",
     "m4a": "audio/mp4",
     "webm": "audio/webm",

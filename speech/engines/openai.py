@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 
 from ..audio import signal as audio
-from ..audio.codecs import CONTAINER_MEDIA_TYPES
+from ..audio.codecs import MEDIA_TYPES
 from ..stream.errors import BAD_REQUEST, RATE_LIMIT
 from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
 from .spread import spread
@@ -384,7 +384,7 @@ async def _backoff(attempt):
 
 @functools.lru_cache(maxsize=4)
 def _encode(container, audio):
-    media_type = CONTAINER_MEDIA_TYPES.get(container, "application/octet-stream")
+    media_type = MEDIA_TYPES.get(container, "application/octet-stream")
     return f"data:{media_type};base64," + base64.b64encode(audio).decode("ascii")
 
 

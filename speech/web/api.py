@@ -23,7 +23,7 @@ from . import auth, ratelimit
 from ..control import signals as control, registry
 from ..stream import events, messages, oneshot, protocol
 from .. import metrics, voices
-from ..audio.codecs import EncodingError
+from ..audio.codecs import MEDIA_TYPES, EncodingError
 from ..audio.output import encode_segment, stream_encoder
 from ..stream.frames import FIRST_FRAME_S, FRAME_S
 from ..conf import conf, voice_aliases
@@ -252,18 +252,6 @@ def session_terminate(request, session_id):
     return _signal(request, session_id, control.TERMINATE)
 
 
-CONTENT_TYPES = {
-    "pcm": "audio/pcm",
-    "wav": "audio/wav",
-    "flac": "audio/flac",
-    "mp3": "audio/mpeg",
-    "opus": "audio/ogg",
-    "aac": "audio/aac",
-    "mulaw": "audio/basic",
-    "alaw": "audio/x-alaw-basic",
-}
-
-
 @csrf_exempt
 async def speech(request):
     """OpenAI-compatible `POST /v1/audio/speech`: the WebSocket's config rules, plus `input` and `stream`."""
@@ -305,7 +293,7 @@ async def speech(request):
             return _synthesis_error(exc)
         fmt, rate = config.response_format, config.sample_rate
         encoder = stream_encoder(fmt, rate, FIRST_FRAME_S, FRAME_S)
-        response = StreamingHttpResponse(_stream(audio, first, encoder), content_type=CONTENT_TYPES[fmt])
+        response = StreamingHttpResponse(_stream(audio, first, encoder), content_type=MEDIA_TYPES[fmt])
         response["X-Sample-Rate"], response["X-Channels"] = str(rate), "1"
         if fmt == "pcm":
             response["X-Bit-Depth"] = "16"
@@ -317,7 +305,7 @@ async def speech(request):
         data = await encode_segment(config.response_format, chunks, config.sample_rate)
     except (SpeechError, EncodingError) as exc:
         return _synthesis_error(exc)
-    response = HttpResponse(data, content_type=CONTENT_TYPES[config.response_format])
+    response = HttpResponse(data, content_type=MEDIA_TYPES[config.response_format])
     response["X-Sample-Rate"] = str(config.sample_rate)
     return response
 

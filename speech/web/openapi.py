@@ -11,6 +11,7 @@ import functools
 from django.http import JsonResponse
 from pydantic.json_schema import models_json_schema
 
+from ..audio.codecs import FORMATS, MEDIA_TYPES
 from ..stream import events, messages
 
 WEBSOCKET_PATH = "/v1/audio/speech/stream"
@@ -79,16 +80,7 @@ def _ok(status, description, content=None):
 
 AUDIO = {
     media: {"schema": {"type": "string", "contentMediaType": media}}
-    for media in (
-        "audio/pcm",
-        "audio/wav",
-        "audio/flac",
-        "audio/mpeg",
-        "audio/ogg",
-        "audio/aac",
-        "audio/basic",
-        "audio/x-alaw-basic",
-    )
+    for media in dict.fromkeys(media for fmt, media in MEDIA_TYPES.items() if fmt in FORMATS)
 }
 JSON_OBJECT = {"application/json": {"schema": {"type": "object"}}}
 SESSION_ID = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
