@@ -18,7 +18,7 @@ from report import RESULTS, header, write_section  # noqa: E402
 
 from speech.engines.fake import FakeEngine  # noqa: E402
 from speech.stream.events import AudioDone, AudioStart  # noqa: E402
-from speech.stream.protocol import parse_config  # noqa: E402
+from speech.stream.messages import read_config  # noqa: E402
 
 SECTION = "## Wire vocabulary: building and serialising events"
 SEGMENT_ID = "speech_ws_0123456789abcdef0123456789abcdef-3"
@@ -58,11 +58,18 @@ def start_model():
     )
 
 
-def read_config():
-    return parse_config(
+def read_session_config():
+    """read_config's coroutine run to its end without an event loop: for an engine voice it looks
+    nothing up, so it never waits (what a session's handshake costs, less the loop's step)."""
+    reading = read_config(
         {"type": "session.config", "session": {"voice": "alt", "response_format": "pcm", "speed": 1.25, "stream_audio": True}},
         CAPS,
     )
+    try:
+        reading.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("read_config waited for a lookup")
 
 
 def per_call_us(function, number):
@@ -80,7 +87,7 @@ def main():
         ("audio.done, AudioDone(...).dump() + json.dumps", per_call_us(done_model, args.number)),
         ("audio.start, dict literal + json.dumps", per_call_us(start_literal, args.number)),
         ("audio.start, AudioStart(...).dump() + json.dumps", per_call_us(start_model, args.number)),
-        ("session.config read (parse_config, nested, 4 fields)", per_call_us(read_config, args.number // 5)),
+        ("session.config read (read_config, nested, 4 fields)", per_call_us(read_session_config, args.number // 5)),
     ]
     table = "\n".join(["| what | µs per call |", "|---|---|", *(f"| {what} | {us:.2f} |" for what, us in rows)])
     print(table)

@@ -16,7 +16,7 @@ from django.test import AsyncClient
 from speech.conf import OMNI_VOICES, OPENAI_VOICES, conf
 from speech.engines.fake import FakeEngine
 from speech.stream.errors import SpeechError
-from speech.stream.protocol import resolve_config
+from speech.stream.messages import read_config
 from speech.voices import ReferenceVoice
 
 from .support.communicator import HANG_GUARD_S, PATH, application, event, send
@@ -33,7 +33,7 @@ def resolve(voice, aliases, uploaded=(), caps=CAPS):
         return ReferenceVoice(name=match, audio=b"", container="wav", transcript="", language="") if match else None
 
     payload = {"type": "session.config", "session": {"voice": voice}}
-    return asyncio.run(resolve_config(payload, caps, find_voice, aliases)).voice
+    return asyncio.run(read_config(payload, caps, find_voice, voice_aliases=aliases)).config.voice
 
 
 def refusal(voice, aliases, uploaded=()):

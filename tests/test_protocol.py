@@ -1,14 +1,17 @@
-"""speech.stream.protocol: parse_config (docs/protocol.md, session.config fields), parse_message and utf8_length_exceeds."""
+"""Reading session.config (messages.read_config; docs/protocol.md, session.config fields), and
+speech.stream.protocol: parse_message and utf8_length_exceeds."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 
 from speech.engines.fake import FakeEngine
 from speech.stream.errors import BAD_REQUEST, CLOSE_POLICY, SpeechError
-from speech.stream.protocol import SessionConfig, parse_config, parse_message, utf8_length_exceeds
+from speech.stream.messages import SessionConfig, read_config
+from speech.stream.protocol import parse_message, utf8_length_exceeds
 
 CAPS = FakeEngine().capabilities  # voices fake, alt; 24 kHz; speed 0.25-4.0; no ref_audio/instructions
 
@@ -19,12 +22,17 @@ SPEED_MESSAGE = "speed must be between 0.25 and 4.0"
 RATES_MESSAGE = "sample_rate must be one of: 8000, 16000, 22050, 24000, 44100, 48000"
 
 
+def configured(payload, caps=CAPS):
+    """The SessionConfig read from `payload`, no uploaded voices looked up."""
+    return asyncio.run(read_config(payload, caps)).config
+
+
 def config(caps=CAPS, **fields):
-    return parse_config({"type": "session.config", "session": fields}, caps)
+    return configured({"type": "session.config", "session": fields}, caps)
 
 
 def refused(payload_or_fields, caps=CAPS, *, flat=False):
-    """The SpeechError parse_config raises; every handshake error is fatal with close 4008."""
+    """The SpeechError read_config raises; every handshake error is fatal with close 4008."""
     if flat:
         payload = {"type": "session.config", **payload_or_fields}
     elif "type" in payload_or_fields:
@@ -32,7 +40,7 @@ def refused(payload_or_fields, caps=CAPS, *, flat=False):
     else:
         payload = {"type": "session.config", "session": payload_or_fields}
     with pytest.raises(SpeechError) as info:
-        parse_config(payload, caps)
+        configured(payload, caps)
     error = info.value
     assert error.fatal and error.close_code == CLOSE_POLICY == 4008
     assert error.error_type == BAD_REQUEST and error.code == 400
@@ -64,7 +72,7 @@ def test_defaults_of_an_empty_nested_config():
     ids=["nested", "flat", "session-null-is-flat"],
 )
 def test_nested_and_flat_forms(payload):
-    parsed = parse_config(payload, CAPS)
+    parsed = configured(payload, CAPS)
     assert (parsed.voice, parsed.response_format, parsed.speed) == ("alt", "wav", 2.0)
 
 

@@ -23,7 +23,7 @@ from speech.checks import check_speech_settings
 from speech.engines.base import EngineBusy, EngineError, SynthesisRequest
 from speech.engines.openai import OpenAIEngine
 from speech.stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
-from speech.stream.protocol import resolve_config
+from speech.stream.messages import read_config
 from speech.voices import ReferenceVoice
 
 from .support.audio_samples import CONTENT_TYPES, good
@@ -668,7 +668,8 @@ async def no_voice(name):
 
 async def test_open_voice_set_passes_an_unknown_name_on(up, engines):
     engine = engines(up.url)
-    config = await resolve_config({"type": "session.config", "session": {"voice": "  Serena "}}, engine.capabilities, no_voice)
+    payload = {"type": "session.config", "session": {"voice": "  Serena "}}
+    config = (await read_config(payload, engine.capabilities, no_voice)).config
     assert (config.voice, config.reference) == ("Serena", None)
     await audio(engine, req(voice=config.voice, reference=config.reference, **config.options))
     assert up.requests[0].json["voice"] == "Serena"
@@ -680,7 +681,7 @@ async def test_open_voice_set_uses_an_uploaded_voice(up, engines):
     async def find(name):
         return ref if name == "alice" else None
 
-    config = await resolve_config({"type": "session.config", "session": {"voice": "alice"}}, engine.capabilities, find)
+    config = (await read_config({"type": "session.config", "session": {"voice": "alice"}}, engine.capabilities, find)).config
     assert (config.voice, config.reference) == ("alice", ref)
     await audio(engine, req(voice=config.voice, reference=config.reference, **config.options))
     body = up.requests[0].json
@@ -690,7 +691,7 @@ async def test_open_voice_set_uses_an_uploaded_voice(up, engines):
 async def test_known_voices_refuse_an_unknown_name():
     engine = OpenAIEngine(url="http://127.0.0.1:9/v1", voices=["a", "b"])
     with pytest.raises(SpeechError) as info:
-        await resolve_config({"type": "session.config", "session": {"voice": "zzz"}}, engine.capabilities, no_voice)
+        await read_config({"type": "session.config", "session": {"voice": "zzz"}}, engine.capabilities, no_voice)
     error = info.value
     assert (error.message, error.param, error.error_type, error.code) == (
         "Unknown voice 'zzz'. Supported voices: a, b",
@@ -711,7 +712,7 @@ async def test_instructions_and_ref_audio_are_accepted():
         "model": "m",
         "seed": 3,
     }
-    config = await resolve_config({"type": "session.config", "session": session}, engine.capabilities, no_voice)
+    config = (await read_config({"type": "session.config", "session": session}, engine.capabilities, no_voice)).config
     assert config.voice == "Ryan"
     assert config.options == {
         "model": "m",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 from pydantic import (
@@ -36,9 +36,11 @@ from pydantic import (
 from ..audio.codecs import FORMATS, RAW_FORMATS, STREAMABLE_FORMATS, output_rate
 from .errors import CLOSE_POLICY, SpeechError, fatal
 
-if TYPE_CHECKING:  # for the annotations only
+if TYPE_CHECKING:  # for the annotations only: the stream core imports nothing of Django at run time
     from ..engines.base import Capabilities
     from ..voices import ReferenceVoice
+
+    FindVoice = Callable[[str], Awaitable[ReferenceVoice | None]]  # an uploaded voice by name
 
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 TELEPHONY_FORMATS, TELEPHONY_RATE = ("mulaw", "alaw"), 8000  # G.711 defaults to the telephone rate
@@ -292,9 +294,32 @@ class SessionConfigMessage(SessionFields):
     session: SessionFields | None = None
 
 
-def read_fields(payload: dict[str, Any], model: type[SessionFields] = SessionFields, **context: Any) -> SessionFields:
-    """session.config's fields (nested or flat) read as `model`, value rules included; fatal SpeechError
-    otherwise. A request model's own fields (`model.own_fields`) are read from the payload's top level."""
+async def read_config(
+    payload: dict[str, Any],
+    capabilities: Capabilities,
+    find_voice: FindVoice | None = None,
+    model: type[SessionFields] = SessionFields,
+    **context: Any,
+) -> SessionFields:
+    """session.config's fields (nested or flat) read as `model` (the REST body: SpeechRequest), value
+    rules included, for this engine; fatal SpeechError otherwise. The resolved SessionConfig is the
+    result's `config`. A voice the engine does not list is looked up among the uploaded voices
+    (`find_voice`: async name -> ReferenceVoice | None), then among the aliases (context
+    `voice_aliases`: lower-cased alias -> voice, which may be an uploaded voice). An engine with an
+    open voice set (`any_voice`) gets any other name passed on as it is."""
+    try:
+        return _read(payload, model, capabilities=capabilities, **context)
+    except UnknownVoice as unknown:
+        reference = await find_voice(unknown.requested) if find_voice else None
+        target = (context.get("voice_aliases") or {}).get(unknown.requested.strip().lower())
+        if reference is None and find_voice and target and engine_voice(target, capabilities) is None:
+            reference = await find_voice(target)
+        return _read(payload, model, capabilities=capabilities, reference=reference, voice_checked=True, **context)
+
+
+def _read(payload: dict[str, Any], model: type[SessionFields], **context: Any) -> SessionFields:
+    """One read of the fields, with the lookups done so far in `context`. A request model's own fields
+    (`model.own_fields`) are read from the payload's top level."""
     raw = payload.get("session")
     if raw is None:
         raw = {key: value for key, value in payload.items() if key != "type"}

@@ -30,12 +30,11 @@ from .errors import (
 from .cancel import Canceller, Origin
 from .contexts import Context, Contexts
 from .events import InputCommitted, SessionConfigured, SessionDone
-from .messages import InputCancel, InputDone, InputText, InputCommit
+from .messages import InputCancel, InputDone, InputText, InputCommit, read_config
 from .pipeline import Pipeline
 from .protocol import (
     parse_in_thread,
     parse_message,
-    resolve_config,
     size_error,
     utf8_length_exceeds,
 )
@@ -43,7 +42,7 @@ from .protocol import (
 if TYPE_CHECKING:
     from ..engines.base import Engine
     from .messages import Limits, SessionConfig
-    from .protocol import FindVoice
+    from .messages import FindVoice
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +202,8 @@ class SpeechSession:
             payload = parse_message(raw, handshake=True)
         if payload.get("type") != "session.config":
             raise fatal("first WebSocket message must be session.config", "type")
-        self.config = await resolve_config(payload, self.engine.capabilities, self.find_voice, self.voice_aliases)
+        fields = await read_config(payload, self.engine.capabilities, self.find_voice, voice_aliases=self.voice_aliases)
+        self.config = fields.config
         self.contexts = Contexts(self.config.split_granularity, self.limits.max_contexts)
         self.pipeline = Pipeline(
             engine=self.engine,

@@ -267,7 +267,7 @@ async def speech(request):
         body = protocol.parse_message(request.body.decode("utf-8", "replace"))
         engine = get_engine()
         # input, stream and stream_format first, then the WebSocket's session.config rules (messages.SpeechRequest)
-        read = await protocol.resolve_fields(
+        read = await messages.read_config(
             body,
             engine.capabilities,
             sync_to_async(voices.find_voice),
