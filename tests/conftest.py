@@ -21,7 +21,7 @@ import re
 import pytest
 
 from speech.engines.fake import FakeEngine
-from speech.stream.protocol import Limits
+from speech.stream.config import Limits
 from speech.stream.session import SpeechSession
 
 from .support import tiers

@@ -30,8 +30,8 @@ from speech.audio import codecs
 from speech.audio.codecs import FILE_FORMATS, RAW_FORMATS, EncodingError, RawEncoder, encode_file, output_rate
 from speech.audio.signal import pcm16
 from speech.engines.fake import FakeEngine
+from speech.stream.config import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S
-from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 
 from .support.decoders import (
     best_lag,

@@ -10,8 +10,8 @@ import pytest
 from asgiref.testing import ApplicationCommunicator
 
 from speech.stream import events, messages
+from speech.stream.config import Limits
 from speech.stream.errors import SpeechError, server_error
-from speech.stream.protocol import Limits
 from speech.web.apihandler import APIHandler, PathRouter
 
 SID = "speech_ws_0123456789abcdef0123456789abcdef"

@@ -9,8 +9,9 @@ import math
 import pytest
 
 from speech.engines.fake import FakeEngine
+from speech.stream.config import SessionConfig
 from speech.stream.errors import BAD_REQUEST, CLOSE_POLICY, SpeechError
-from speech.stream.messages import SessionConfig, read_config
+from speech.stream.messages import read_config
 from speech.stream.protocol import parse_message, utf8_length_exceeds
 
 CAPS = FakeEngine().capabilities  # voices fake, alt; 24 kHz; speed 0.25-4.0; no ref_audio/instructions

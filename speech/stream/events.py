@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Literal, Self
 from pydantic import BaseModel, ConfigDict
 
 from .errors import BAD_REQUEST
-from .messages import Limits
+from .config import Limits
 
 if TYPE_CHECKING:  # for the annotations only
     from ..engines.base import Capabilities
-    from .messages import SessionConfig
+    from .config import SessionConfig
 
 
 class Event(BaseModel):

@@ -19,7 +19,7 @@ from .segmenter import Segmenter
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
-    from .messages import SessionConfig
+    from .config import SessionConfig
 
 
 async def synthesize(engine: Engine, config: SessionConfig, text: str) -> AsyncGenerator[np.ndarray, None]:

@@ -41,7 +41,7 @@ from .utterance import Utterance, WordTime
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
-    from .messages import SessionConfig
+    from .config import SessionConfig
     from .session import Transport
 
 logger = logging.getLogger(__name__)

@@ -7,12 +7,7 @@ import asyncio
 import json
 from typing import Any, NoReturn
 
-from . import messages
 from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError
-
-# The vocabulary lives in messages.py; these names stay importable from here for the checks and tests.
-SAMPLE_RATES, SPEED_MIN, SPEED_MAX = messages.SAMPLE_RATES, messages.SPEED_MIN, messages.SPEED_MAX
-Limits, SessionConfig, UnknownVoice = messages.Limits, messages.SessionConfig, messages.UnknownVoice
 
 
 def utf8_length_exceeds(text: str, limit: int) -> bool:

@@ -19,7 +19,7 @@ from ..engines.pool import CURRENT, Ticket
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
-    from .messages import SessionConfig
+    from .config import SessionConfig
 
 Audio = np.ndarray | Alignment
 

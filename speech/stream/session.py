@@ -41,7 +41,7 @@ from .protocol import (
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
-    from .messages import Limits, SessionConfig
+    from .config import Limits, SessionConfig
     from .messages import FindVoice
 
 logger = logging.getLogger(__name__)
