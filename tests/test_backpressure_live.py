@@ -17,20 +17,20 @@ import pytest
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S, MAX_FRAME_S
 from tests.support.heard import without_heard
 from tests.support.live import (
+    assert_healthy,
     audio_past,
     collect,
     configure,
     held,
     is_event,
     metric,
+    module_server,
     open_session,
     run_session,
     segments_of,
     send_json,
-    serving,
     wait_for,
 )
-from tests.support.sessions import assert_healthy
 
 pytestmark = pytest.mark.live
 
@@ -43,10 +43,7 @@ SYNTHESISED = "speech_segment_synthesis_seconds_count"
 AUDIO_BYTES = "speech_audio_sent_bytes_total"
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
-        yield srv
+server = module_server()
 
 
 @pytest.fixture(autouse=True)

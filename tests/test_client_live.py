@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from tests.support.live import PROJECT_ROOT, PYTHON, free_port, serving, wait_for
+from tests.support.live import PROJECT_ROOT, PYTHON, free_port, module_server, serving, wait_for
 from tests.support.speech_check import assert_heard, pcm16_to_float
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy]
@@ -25,10 +25,7 @@ LONG = " ".join(f"This is sentence number {n}, and it goes on for a little while
 RUN_TIMEOUT_S = 120  # hang guard
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari"}) as srv:
-        yield srv
+server = module_server({"SPEECH_ENGINE": "hibari"})
 
 
 def client(*args, url, **kwargs):

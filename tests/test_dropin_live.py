@@ -16,7 +16,7 @@ import av
 import numpy as np
 import pytest
 
-from tests.support.live import serving
+from tests.support.live import module_server
 from tests.support.speech_check import assert_heard, pcm16_to_float, rms
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy]
@@ -28,10 +28,7 @@ TEXT = "Today is a wonderful day to build something people love!"
 SENTENCES = ["Hello world.", "How are you?", "I am fine."]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari"}) as srv:
-        yield srv
+server = module_server({"SPEECH_ENGINE": "hibari"})
 
 
 def decode_mp3(data):

@@ -22,8 +22,7 @@ import pytest
 from scipy.signal import resample_poly
 
 from speech.stream.frames import FIRST_FRAME_S, MAX_FRAME_S
-from tests.support.live import run_session, segments_of, serving
-from tests.support.sessions import assert_healthy
+from tests.support.live import healthy_after_each, module_server, run_session, segments_of
 from tests.support.speech_check import WHISPER_RATE, normalise, transcribe, wer
 
 from .support.decoders import (
@@ -46,16 +45,8 @@ LOSSY_LAG = {"mp3": 1152, "opus": 0, "aac": 2048}  # as in test_codecs: codec de
 AAC_PRIMING = 1024
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def no_traceback_after_each_test(server):
-    yield
-    assert_healthy(server)
+server = module_server()
+healthy = healthy_after_each()
 
 
 async def synthesize(server, config, texts, *, stream=False):

@@ -12,7 +12,16 @@ import asyncio
 
 import pytest
 
-from tests.support.live import configure, metric, open_session, recv_item, run_session, send_json, serving, wait_for
+from tests.support.live import (
+    configure,
+    metric,
+    module_server,
+    open_session,
+    recv_item,
+    run_session,
+    send_json,
+    wait_for,
+)
 
 pytestmark = pytest.mark.live
 
@@ -22,10 +31,7 @@ OUTCOMES = ("completed", "failed", "dropped", "stopped", "unheard")
 CALLERS = 6  # more sessions than synthesis threads: jobs wait for a thread when the clients leave
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
-        yield srv
+server = module_server()
 
 
 def record(server):

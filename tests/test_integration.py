@@ -25,17 +25,17 @@ from tests.support.live import (
     DaphneServer,
     collect,
     configure,
+    healthy_after_each,
     held,
     is_event,
+    module_server,
     open_session,
     port_accepts,
     recv_item,
     run_session,
     segments_of,
     send_json,
-    serving,
 )
-from tests.support.sessions import assert_healthy
 from tests.support.speech_check import pcm16_to_float, rms
 
 pytestmark = pytest.mark.live
@@ -63,16 +63,8 @@ EXPECTED_LIMITS = {
 }
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving(SERVER_ENV) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def no_traceback_after_each_test(server):
-    yield
-    assert_healthy(server)
+server = module_server(SERVER_ENV)
+healthy = healthy_after_each()
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -27,8 +27,7 @@ import redis
 import speech.control.slots
 from speech.control.slots import _ACQUIRE, LEASE_S, RedisSlots
 from tests.support import audio_samples as samples
-from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer, collect, configure, open_session, wait_for
-from tests.support.sessions import assert_healthy
+from tests.support.live import PROJECT_ROOT, PYTHON, DaphneServer, assert_healthy, collect, configure, open_session, wait_for
 
 pytestmark = pytest.mark.live
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.live import PYTHON, DaphneServer, configure, open_session, send_json, wait_for
+from tests.support.live import PYTHON, DaphneServer, assert_healthy, configure, open_session, send_json, wait_for
 from tests.support.redis_server import RedisServer
-from tests.support.sessions import CONFIG, Admin, assert_healthy, speaking_session
+from tests.support.sessions import CONFIG, Admin, speaking_session
 from tests.support.stress import vanish_after_config
 
 pytestmark = pytest.mark.live

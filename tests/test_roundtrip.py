@@ -12,8 +12,7 @@ import wave
 import numpy as np
 import pytest
 
-from tests.support.live import run_session, segments_of, serving
-from tests.support.sessions import assert_healthy
+from tests.support.live import healthy_after_each, module_server, run_session, segments_of
 from tests.support.speech_check import assert_heard, normalise, pcm16_to_float, transcribe, wer
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy]
@@ -22,16 +21,8 @@ RATE = 24000
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "I have 3 apples.", "It is raining in Paris today."]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def no_traceback_after_each_test(server):
-    yield
-    assert_healthy(server)
+server = module_server()
+healthy = healthy_after_each()
 
 
 def test_normalisation_and_wer_helpers():

@@ -19,11 +19,11 @@ from tests.support.live import (
     held,
     is_event,
     metric,
+    module_server,
     open_session,
     run_session,
     segments_of,
     send_json,
-    serving,
     wait_for,
 )
 from tests.support.streams import assert_whole_frames, decoded_by_libsndfile, decoded_samples
@@ -37,10 +37,7 @@ AUDIO_BYTES = "speech_audio_sent_bytes_total"
 RATES = {"mp3": 24000, "opus": 48000, "aac": 16000}
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
-        yield srv
+server = module_server()
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])

@@ -29,6 +29,7 @@ from tests.support.decoders import decode_file
 from tests.support.heard import without_heard
 from tests.support.live import (
     DaphneServer,
+    assert_healthy,
     collect,
     configure,
     held,
@@ -40,7 +41,6 @@ from tests.support.live import (
     send_json,
     serving,
 )
-from tests.support.sessions import assert_healthy
 from tests.support.speech_check import assert_heard, normalise, pcm16_to_float, rms
 
 pytestmark = [pytest.mark.live, pytest.mark.heavy]

@@ -12,8 +12,17 @@ import asyncio
 import pytest
 
 from speech.stream.words import word_spans
-from tests.support.live import collect, configure, is_event, open_session, run_session, segments_of, send_json, serving
-from tests.support.sessions import assert_healthy
+from tests.support.live import (
+    collect,
+    configure,
+    healthy_after_each,
+    is_event,
+    module_server,
+    open_session,
+    run_session,
+    segments_of,
+    send_json,
+)
 
 pytestmark = [pytest.mark.live]
 
@@ -35,16 +44,8 @@ FIRST_RELEASE_KEYS = {
 HEARD_KEYS = {"played_ms", "played_ms_source", "spoken_text", "unspoken_text"}
 
 
-@pytest.fixture(scope="module")
-def server():
-    with serving({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def no_traceback_after_each_test(server):
-    yield
-    assert_healthy(server)
+server = module_server()
+healthy = healthy_after_each()
 
 
 async def timed_session(server, config, text=TEXT):

@@ -5,6 +5,11 @@
         assert result.close_code == 1000
     assert "Traceback" not in server.stderr_text()
 
+A test module served by one daphne for all its tests declares its fixtures with `module_server`:
+
+    server = module_server()                  # the `server` fixture: Hibari, no API keys
+    healthy = healthy_after_each()            # after each test: no traceback, the server alive
+
 `DaphneServer` runs `manage.py migrate` into a private SQLite file first (unless told not to), so
 it never touches the project's own database, and captures the server's stdout and stderr in files
 of its own temporary folder. On exit it sends SIGTERM and waits (bounded) for the process to end.
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -509,3 +515,38 @@ def serving(env):
     assert srv.stopped_by_sigterm, "the server did not stop on SIGTERM within the bounded wait"
     assert code == 0, f"server exit status {code} after SIGTERM"
     srv.cleanup()
+
+
+HIBARI = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}
+
+
+def module_server(env=HIBARI):
+    """A test module's `server` fixture: one daphne for the module's tests (`serving(env)`)."""
+
+    @pytest.fixture(scope="module", name="server")
+    def server():
+        with serving(env) as srv:
+            yield srv
+
+    return server
+
+
+def healthy_after_each():
+    """An autouse fixture of a module with a `server` fixture: after each test, the server wrote no
+    traceback and did not die (`assert_healthy`)."""
+
+    @pytest.fixture(autouse=True)
+    def healthy(server):
+        yield
+        assert_healthy(server)
+
+    return healthy
+
+
+def assert_healthy(*servers, stopped_ok=False):
+    """After a test: no server wrote a traceback, and none died (`stopped_ok`: one the test stopped
+    cleanly, exit status 0, is fine)."""
+    for server in servers:
+        server.assert_no_traceback()
+        alive = server.alive() or (stopped_ok and server.proc.returncode == 0)
+        assert alive, f"a server died:\n{server.stderr_text()[-4000:]}"

@@ -76,15 +76,6 @@ async def speaking_session(server, text, config=CONFIG):
     return ws, configured["session_id"], before.items
 
 
-def assert_healthy(*servers, stopped_ok=False):
-    """After a test: no server wrote a traceback, and none died (`stopped_ok`: one the test stopped
-    cleanly, exit status 0, is fine)."""
-    for server in servers:
-        server.assert_no_traceback()
-        alive = server.alive() or (stopped_ok and server.proc.returncode == 0)
-        assert alive, f"a server died:\n{server.stderr_text()[-4000:]}"
-
-
 class Admin:
     """A session-authenticated browser-like client (cookies, CSRF token) for Django's admin."""
 

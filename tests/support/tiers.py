@@ -17,7 +17,7 @@ import re
 import tokenize
 
 # Names whose use means "this module starts a server" / "this module needs Whisper or a browser".
-LIVE_NAMES = re.compile(r"\b(DaphneServer|RedisServer|serving)\b|\bNginx \([^)]*\) \. start\b")
+LIVE_NAMES = re.compile(r"\b(DaphneServer|RedisServer|serving|module_server)\b|\bNginx \([^)]*\) \. start\b")
 HEAVY_NAMES = re.compile(r"\b(whisper|transcribe|assert_heard|load_whisper|chromium|needs_chromium)\b")
 
 
