@@ -167,6 +167,18 @@ async def test_a_bad_played_ms_is_a_recoverable_error(speech, played_ms, message
 # -- contexts --------------------------------------------------------------------------------------
 
 
+async def speaking(speech, turns):
+    """A session on a held FakeEngine (three chunks a segment) given `turns` ((context_id, text), in
+    order), once the first turn has sent two frames: (session, engine, bytes sent)."""
+    engine = FakeEngine(chunks=3, hold=True)
+    s = await speech(engine, stream_audio=True)
+    for context_id, text in turns:
+        await s.send({"type": "input.text", "text": text, "context_id": context_id})
+    await s.t.event("audio.start", context_id=turns[0][0])
+    sent = len(await s.t.binary()) + len(await s.t.binary())
+    return s, engine, sent
+
+
 async def test_contexts_speak_one_after_another_and_carry_their_id(speech):
     engine = FakeEngine(chunks=2)
     s = await speech(engine, stream_audio=True, timestamps="word")
@@ -191,14 +203,8 @@ async def test_contexts_speak_one_after_another_and_carry_their_id(speech):
 
 
 async def test_cancelling_one_context_leaves_the_others(speech):
-    engine = FakeEngine(chunks=3, hold=True)
-    s = await speech(engine, stream_audio=True)
-    await s.send({"type": "input.text", "text": "Turn one speaks. ", "context_id": "one"})
-    await s.send({"type": "input.text", "text": "Turn two waits. ", "context_id": "two"})
-    await s.send({"type": "input.text", "text": "Turn three waits. ", "context_id": "three"})
-    await s.t.event("audio.start", context_id="one")
-    await s.t.binary()
-    await s.t.binary()
+    turns = [("one", "Turn one speaks. "), ("two", "Turn two waits. "), ("three", "Turn three waits. ")]
+    s, engine, _ = await speaking(speech, turns)
     await s.send({"type": "input.cancel", "context_id": "two"})
     cancelled = await s.t.event("input.cancelled", context_id="two", cancelled_sentences=1, total_sentences=0)
     assert cancelled["spoken_text"] == "" and cancelled["unspoken_text"] == "Turn two waits."
@@ -220,12 +226,7 @@ async def test_cancelling_one_context_leaves_the_others(speech):
 
 
 async def test_cancelling_the_speaking_context_stops_it_and_the_next_speaks(speech):
-    engine = FakeEngine(chunks=3, hold=True)
-    s = await speech(engine, stream_audio=True)
-    await s.send({"type": "input.text", "text": "Interrupted turn. And more of it. ", "context_id": "now"})
-    await s.send({"type": "input.text", "text": "Queued turn. ", "context_id": "next"})
-    await s.t.event("audio.start", context_id="now")
-    sent = len(await s.t.binary()) + len(await s.t.binary())
+    s, engine, sent = await speaking(speech, [("now", "Interrupted turn. And more of it. "), ("next", "Queued turn. ")])
     await s.send({"type": "input.cancel", "context_id": "now"})
     assert (await s.t.event("audio.done"))["total_bytes"] == sent
     cancelled = await s.t.event("input.cancelled", context_id="now", cancelled_sentences=2)
@@ -238,13 +239,7 @@ async def test_cancelling_the_speaking_context_stops_it_and_the_next_speaks(spee
 
 
 async def test_a_cancel_without_context_id_stops_every_context(speech):
-    engine = FakeEngine(chunks=3, hold=True)
-    s = await speech(engine, stream_audio=True)
-    await s.send({"type": "input.text", "text": "Speaking now. ", "context_id": "x"})
-    await s.send({"type": "input.text", "text": "Waiting. ", "context_id": "y"})
-    await s.t.event("audio.start", context_id="x")
-    await s.t.binary()
-    await s.t.binary()
+    s, _, _ = await speaking(speech, [("x", "Speaking now. "), ("y", "Waiting. ")])
     await s.send({"type": "input.cancel"})
     await s.t.event("audio.done", cancelled=True)
     cancelled = await s.t.event("input.cancelled", cancelled_sentences=2, context_id="x")
