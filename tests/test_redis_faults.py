@@ -25,6 +25,7 @@ import pytest
 
 from tests.support.live import (
     DaphneServer,
+    assert_healthy,
     collect,
     is_event,
     run_session,
@@ -36,7 +37,6 @@ from tests.support.redis_server import RedisServer
 from tests.support.sessions import (
     CONFIG,
     acted_on_cancel,
-    assert_healthy,
     cancel_path,
     request,
     rest,
