@@ -34,11 +34,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness import first_audio, hibari_server  # noqa: E402
 from report import RESULTS, header, write_section  # noqa: E402
-from ttfa import SENTENCES, split_final_mark  # noqa: E402
+from ttfa import SENTENCES  # noqa: E402
 from wsclient import BINARY, TEXT, Connection  # noqa: E402
 
-from tests.support.live import DaphneServer, configure, metric, open_session, recv_item, send_json, wait_for  # noqa: E402
+from tests.support.live import configure, metric, open_session, wait_for  # noqa: E402
 
 SECTION = "## Hang-ups (bench/hangup.py)"
 TARGET_RATIO_P90 = 1.1
@@ -55,17 +56,6 @@ async def probe_session(url):
     ws = await open_session(url)
     await configure(ws, {"response_format": "pcm", "stream_audio": True})
     return ws
-
-
-async def probe(ws, sentence):
-    """Send `sentence` (its final mark last); seconds from that frame to the first binary frame."""
-    body, tail = split_final_mark(sentence)
-    await send_json(ws, {"type": "input.text", "text": body})
-    t0 = time.perf_counter()
-    await send_json(ws, {"type": "input.text", "text": tail})
-    while (item := await recv_item(ws)).kind != "audio":
-        assert item.data["type"] == "audio.start", item.data
-    return item.at - t0
 
 
 def speaking(url, speak=True):
@@ -105,7 +95,7 @@ async def one_probe(server, sentence, hangups, speak=True):
             callers = await asyncio.gather(*(asyncio.to_thread(speaking, server.ws_url, speak) for _ in range(hangups)))
             for caller in callers:
                 hang_up(caller)
-        return await probe(ws, sentence)
+        return (await first_audio(ws, sentence))[0]
     finally:
         await ws.close()
 
@@ -142,17 +132,9 @@ def main(argv=None):
     command = "python bench/hangup.py" + "".join(f" --{name} {value}" for name, value, default in options if value != default)
     started = time.monotonic()
     # Admission never refuses the callers: 20 sessions at once queue more than its 2 s estimate on a busy machine.
-    env = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false", "SPEECH_MAX_QUEUE_WAIT_S": "60"}
-    server = DaphneServer(env).start()
-    try:
+    with hibari_server({"SPEECH_MAX_QUEUE_WAIT_S": "60"}) as server:
         seen = asyncio.run(trials(server, args.rounds, args.burst))
         jobs = {o: metric(server, "speech_engine_jobs_total", outcome=o) for o in ("completed", "dropped", "stopped", "unheard")}
-    finally:
-        server.stop()
-    if "Traceback" in server.stderr_text():
-        print(server.stderr_text()[-4000:], file=sys.stderr)
-        raise SystemExit("the server logged a traceback during the benchmark")
-    server.cleanup()
     idle = percentiles(seen[(0, True)])
     rows = ["| probe | p50 ms | p90 ms | max ms | p50 / idle | p90 / idle |", "|---|---|---|---|---|---|"]
     rows.append(f"| idle server | {idle['p50']:.1f} | {idle['p90']:.1f} | {idle['max']:.1f} | | |")

@@ -32,10 +32,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness import hibari_server  # noqa: E402
 from report import RESULTS, header, write_section  # noqa: E402
 
 from speech.audio.streaming import SessionEncoder  # noqa: E402
-from tests.support.live import DaphneServer, collect, configure, open_session, recv_item, send_json  # noqa: E402
+from tests.support.live import collect, configure, open_session, recv_item, send_json  # noqa: E402
 from tests.support.streams import assert_whole_frames, decoded_samples  # noqa: E402
 
 SECTION = "## Streamed compressed audio (bench/streamed.py)"
@@ -128,16 +129,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     command = "python bench/streamed.py" + (f" --rounds {args.rounds}" if args.rounds != 30 else "")
     started = time.monotonic()
-    server = DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}).start()
-    try:
+    with hibari_server() as server:
         first, lengths = asyncio.run(rounds(server.ws_url, args.rounds))
         load = asyncio.run(load_rounds(server.ws_url, args.rounds // 2, LOAD_SESSIONS))
-    finally:
-        server.stop()
-    if "Traceback" in server.stderr_text():
-        print(server.stderr_text()[-4000:], file=sys.stderr)
-        raise SystemExit("the server logged a traceback during the benchmark")
-    server.cleanup()
 
     pcm = np.asarray(first["pcm"]) * 1000
     rows = [

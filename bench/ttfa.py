@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -40,9 +39,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness import first_audio, hibari_server  # noqa: E402
 from report import RESULTS, header, write_section  # noqa: E402
 
-from tests.support.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
+from tests.support.live import finish_and_drain, open_session, recv_item  # noqa: E402
 
 SECTION = "## Time to first audio (bench/ttfa.py)"
 TARGET_P50_MS = 2.0
@@ -103,38 +103,21 @@ SENTENCES = [
 ]
 
 
-def split_final_mark(sentence):
-    """("The train leaves the station at seven", ". ") — the second part completes the segment."""
-    match = re.fullmatch(r"(.*?)([.!?]+)", sentence)
-    assert match, sentence
-    return match.group(1), match.group(2) + " "
-
-
 # -- socket side -----------------------------------------------------------------------------------
 
 
 async def socket_ttfa(url, sentence):
-    body, tail = split_final_mark(sentence)
     ws = await open_session(url)
     try:
         await ws.send(json.dumps({"type": "session.config", "session": {"response_format": "pcm", "stream_audio": True}}))
         configured = await recv_item(ws)
         assert configured.data["type"] == "session.configured", configured
-        await ws.send(json.dumps({"type": "input.text", "text": body}))
-        last = json.dumps({"type": "input.text", "text": tail})
-        t0 = time.perf_counter()
-        await ws.send(last)
-        while True:
-            item = await recv_item(ws)
-            if item.kind == "audio":
-                t1 = item.at
-                break
-            assert item.data["type"] == "audio.start", item.data
-            assert item.data["sentence_text"] == sentence, item.data
+        seconds, start = await first_audio(ws, sentence)
+        assert start is not None and start["sentence_text"] == sentence, start
         await finish_and_drain(ws)
     finally:
         await ws.close()
-    return t1 - t0
+    return seconds
 
 
 # -- engine side -----------------------------------------------------------------------------------
@@ -242,16 +225,11 @@ def main(argv=None):
 
     engine = build_engine(args.workers)
     asyncio.run(engine.warm_up())
-    server = DaphneServer(
-        {"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers), "SPEECH_REQUIRE_API_KEY": "false"}, port=args.port
-    )
-    with server:
-        socket_times, engine_times, jitter = asyncio.run(measure(server.ws_url, engine, sentences, warm_up, args.repeat))
-    asyncio.run(engine.aclose())
-    if "Traceback" in server.stderr_text():
-        print(server.stderr_text()[-4000:], file=sys.stderr)
-        raise SystemExit("the server logged a traceback during the benchmark")
-    server.cleanup()
+    try:
+        with hibari_server({"SPEECH_ENGINE_WORKERS": str(args.workers)}, port=args.port) as server:
+            socket_times, engine_times, jitter = asyncio.run(measure(server.ws_url, engine, sentences, warm_up, args.repeat))
+    finally:
+        asyncio.run(engine.aclose())
 
     overhead = [s - e for s, e in zip(socket_times, engine_times)]
     ttfa_s, engine_s, over_s = stats_ms(socket_times), stats_ms(engine_times), stats_ms(overhead)

@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from harness import split_final_mark  # noqa: E402
 from report import RESULTS, header, write_section  # noqa: E402
-from ttfa import SENTENCES, split_final_mark  # noqa: E402
+from ttfa import SENTENCES  # noqa: E402
 
 from tests.support.live import DaphneServer, finish_and_drain, open_session, recv_item  # noqa: E402
 
