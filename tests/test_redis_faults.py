@@ -15,16 +15,13 @@ for the servers to reconnect; every other wait is a hang guard.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 
 from tests.support.live import (
-    DaphneServer,
+    Instances,
     assert_healthy,
     collect,
     is_event,
@@ -55,25 +52,12 @@ SENTENCES = [f"Sentence {i} of a long answer that the caller will interrupt at s
 LONG_TEXT = " ".join(SENTENCES) + " "
 
 
-class Setup:
-    def __init__(self, redis_server):
-        self.redis = redis_server
-        self.dir = Path(tempfile.mkdtemp(prefix="redis-faults-"))
-        self.db = self.dir / "db.sqlite3"
-        self.env = {
-            "SPEECH_ENGINE": "hibari",
-            "SPEECH_REQUIRE_API_KEY": "false",
-            "REDIS_URL": redis_server.url(3),
-            "DATABASE_URL": f"sqlite:///{self.db}",
-            "MEDIA_ROOT": str(self.dir / "media"),
-        }
-        self.servers = []
+class Setup(Instances):
+    """Instances A and B (and those a test adds), on the shared database and `redis_server`'s database 3."""
 
-    def server(self, name, *, migrate=False):
-        server = DaphneServer({**self.env, "SPEECH_INSTANCE_ID": name}, migrate=migrate)
-        server.start()
-        self.servers.append(server)
-        return server
+    def __init__(self, redis_server):
+        super().__init__("redis-faults-", {"REDIS_URL": redis_server.url(3)})
+        self.redis = redis_server
 
     def status(self, session_id):
         import sqlite3
@@ -88,17 +72,13 @@ def setup():
     redis_server = RedisServer().start()
     s = Setup(redis_server)
     try:
-        s.a = s.server("A", migrate=True)
+        s.a = s.server("A")
         s.b = s.server("B")
         yield s
     finally:
-        codes = [(server, server.stop()) for server in s.servers]
+        s.stop()
         redis_server.cleanup()
-    for server, code in codes:
-        server.assert_no_traceback()
-        assert code == 0, f"exit status {code}:\n{server.stderr_text()[-3000:]}"
-        server.cleanup()
-    shutil.rmtree(s.dir, ignore_errors=True)
+    s.remove()
 
 
 @pytest.fixture(autouse=True)
@@ -398,11 +378,9 @@ async def test_6_a_live_session_is_not_declared_lost_after_a_failover(setup):
     second = RedisServer()
     proxy = SilentFailoverProxy(first.port)
     try:
-        env = {**setup.env, "REDIS_URL": proxy.url(3)}
-        e = DaphneServer({**env, "SPEECH_INSTANCE_ID": "E"}, migrate=False).start()
-        setup.servers.append(e)
-        f = DaphneServer({**env, "SPEECH_INSTANCE_ID": "F"}, migrate=False).start()
-        setup.servers.append(f)
+        proxied = {"REDIS_URL": proxy.url(3)}
+        e = setup.server("E", proxied)
+        f = setup.server("F", proxied)
         ws, sid, items = await speaking_session(e, LONG_TEXT)
         try:
             # Before: signals flow through the proxy.
@@ -447,11 +425,9 @@ async def test_7_signals_flow_again_after_a_silent_failover(setup):
     second = RedisServer()
     proxy = SilentFailoverProxy(first.port)
     try:
-        env = {**setup.env, "REDIS_URL": proxy.url(3)}
-        g = DaphneServer({**env, "SPEECH_INSTANCE_ID": "G"}, migrate=False).start()
-        setup.servers.append(g)
-        h = DaphneServer({**env, "SPEECH_INSTANCE_ID": "H"}, migrate=False).start()
-        setup.servers.append(h)
+        proxied = {"REDIS_URL": proxy.url(3)}
+        g = setup.server("G", proxied)
+        h = setup.server("H", proxied)
         ws, sid, items = await speaking_session(g, LONG_TEXT)
         try:
             assert first.group_members(sid, db=3) == 1
@@ -487,11 +463,9 @@ async def test_8_a_live_session_is_not_declared_lost_when_its_heartbeat_key_is_l
     standby = RedisServer().start()  # already running, empty: no heartbeat of anyone
     proxy = SilentFailoverProxy(first.port)
     try:
-        env = {**setup.env, "REDIS_URL": proxy.url(3)}
-        e = DaphneServer({**env, "SPEECH_INSTANCE_ID": "E8"}, migrate=False).start()
-        setup.servers.append(e)
-        f = DaphneServer({**env, "SPEECH_INSTANCE_ID": "F8"}, migrate=False).start()
-        setup.servers.append(f)
+        proxied = {"REDIS_URL": proxy.url(3)}
+        e = setup.server("E8", proxied)
+        f = setup.server("F8", proxied)
         ws, sid, items = await speaking_session(e, LONG_TEXT)
         try:
             from speech.control.signals import STALE_S

@@ -16,6 +16,7 @@ from tests.support.live import PROJECT_ROOT
         "with DaphneServer(env) as server:",
         "with serving({'SPEECH_ENGINE': 'hibari'}) as srv:",
         "server = module_server()",
+        'a = Instances("prefix-", env).server("A")',
         "redis_server = RedisServer().start()",
         "nginx = Nginx(upstreams).start()",
     ],

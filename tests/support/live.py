@@ -348,6 +348,25 @@ def segments_of(items):
     return [segments[index] for index in order], problems
 
 
+def cancelled_segments(items, session_id):
+    """The segments of a session's `items` up to its input.cancelled, in protocol order: those before
+    the last whole, the last one cut (its audio.done says cancelled and counts exactly the bytes the
+    client got). Returns (segments, the cut one)."""
+    segments, problems = segments_of(items)
+    assert problems == []
+    cut = segments[-1]
+    assert cut.done == {
+        "type": "audio.done",
+        "id": f"{session_id}-{cut.index}",
+        "sentence_index": cut.index,
+        "total_bytes": len(cut.audio),
+        "error": False,
+        "cancelled": True,
+    }
+    assert all(not s.done["cancelled"] and s.done["total_bytes"] == len(s.audio) for s in segments[:-1])
+    return segments, cut
+
+
 SMALL_RECEIVE_BUFFER = 16384
 
 
@@ -518,6 +537,41 @@ def serving(env):
 
 
 HIBARI = {"SPEECH_ENGINE": "hibari", "SPEECH_REQUIRE_API_KEY": "false"}
+
+
+class Instances:
+    """Daphne instances sharing one SQLite file and one media folder (in a temporary folder of their
+    own), as a deployment's instances share a database; `env` adds settings (Hibari, no API keys,
+    unless it says otherwise). The first instance started migrates the database."""
+
+    def __init__(self, prefix, env):
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.db = self.dir / "db.sqlite3"
+        self.env = {**HIBARI, "DATABASE_URL": f"sqlite:///{self.db}", "MEDIA_ROOT": str(self.dir / "media"), **env}
+        self.servers = []
+        self.codes = []
+
+    def server(self, instance, env=None):
+        """A started instance named `instance` (SPEECH_INSTANCE_ID), `env` added to the shared settings."""
+        server = DaphneServer({**self.env, **(env or {}), "SPEECH_INSTANCE_ID": instance}, migrate=not self.servers)
+        server.start()
+        self.servers.append(server)
+        return server
+
+    def stop(self):
+        """SIGTERM to every instance, in the order they started; their exit statuses are kept for `remove`."""
+        self.codes = [(server, server.stop()) for server in self.servers]
+
+    def remove(self):
+        """After `stop`: no instance wrote a traceback, and each exited with status 0 (one a test killed,
+        marked `server.killed`, with any); then their files go."""
+        for server, code in self.codes:
+            server.assert_no_traceback()
+            if not getattr(server, "killed", False):
+                assert code == 0, f"server exit status {code}:\n{server.stderr_text()[-3000:]}"
+        for server in self.servers:
+            server.cleanup()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def module_server(env=HIBARI):

@@ -1,8 +1,8 @@
 """The test tiers (pytest.ini markers), checked at collection so that they cannot rot.
 
 - in-process (no marker): `make test-fast`; fake engines, Channels' communicator, the Django test client.
-- `live`: the module starts real servers (daphne through DaphneServer / serving(), a private
-  redis-server through RedisServer, nginx).
+- `live`: the module starts real servers (daphne through DaphneServer / serving() / module_server() /
+  Instances, a private redis-server through RedisServer, nginx).
 - `heavy`: Whisper listens to the audio, or a real browser drives the page; always `live` too.
 - `deploy`: the production topology (tests/test_deploy.py); `live` too.
 
@@ -17,7 +17,7 @@ import re
 import tokenize
 
 # Names whose use means "this module starts a server" / "this module needs Whisper or a browser".
-LIVE_NAMES = re.compile(r"\b(DaphneServer|RedisServer|serving|module_server)\b|\bNginx \([^)]*\) \. start\b")
+LIVE_NAMES = re.compile(r"\b(DaphneServer|RedisServer|serving|module_server|Instances)\b|\bNginx \([^)]*\) \. start\b")
 HEAVY_NAMES = re.compile(r"\b(whisper|transcribe|assert_heard|load_whisper|chromium|needs_chromium)\b")
 
 
@@ -33,7 +33,7 @@ def problems(source: str, markers: set[str]) -> list[str]:
     found = []
     code = code_of(source)
     if LIVE_NAMES.search(code) and "live" not in markers:
-        found.append("starts a server (DaphneServer / serving() / RedisServer / nginx) without the `live` marker")
+        found.append("starts a server (DaphneServer, serving(), RedisServer, nginx...) without the `live` marker")
     if HEAVY_NAMES.search(code) and "heavy" not in markers:
         found.append("uses Whisper or a browser without the `heavy` marker")
     if ({"heavy", "deploy"} & markers) and "live" not in markers:
