@@ -53,7 +53,9 @@ CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread
 class Transport(Protocol):
     async def send_json(self, event: dict) -> None: ...
     async def send_bytes(self, data: bytes) -> None: ...
-    async def close(self, code: int) -> None: ...
+    async def close(self, code: int, audio_ahead_s: float = 0.0) -> None:
+        """Close with `code`; the client may still be playing `audio_ahead_s` seconds of audio it has received."""
+        ...
 
     def send_room(self) -> int:
         """Bytes of audio the connection would send at once, whole, right now (0: unknown)."""
@@ -341,7 +343,7 @@ class SpeechSession:
         if close_code is not None:
             self.state = State.CLOSED
             self.closed.set()
-            await self.transport.close(close_code)
+            await self.transport.close(close_code, self.pipeline.audio_ahead_s() if self.pipeline is not None else 0.0)
         if outcome in (OUTCOME_DISCONNECTED, OUTCOME_TERMINATED):
             self.state = State.CLOSED
             self.closed.set()
