@@ -2,17 +2,9 @@
 
 daphne makes its event loop when `daphne.server` is imported, and installs Twisted's asyncio reactor
 on it; Django imports that module while it loads the `daphne` app, so `manage.py` chooses the loop
-before Django starts (`install`). Twisted, daphne, Channels and the sessions run on it unchanged: only
-the loop's own machinery (polling, timers, callbacks, the wake-ups that bring synthesis results from
-the pool's threads) is libuv's compiled code instead of Python's.
-
-The loop shares the machine's cores and the GIL with synthesis, so its CPU is taken from the engine.
-Against the same server on asyncio's loop, three runs of bench/compare.py (40 interleaved rounds of
-bench/throughput.py's paragraph each): the loop's CPU per audio second 3-6 % lower at 4 and 8 sessions,
-audio per wall second 0.6-1.3 % higher (rounds paired); first audio unchanged within the noise.
-
-uvloop has no wheels for Windows: requirements.txt installs it only where it has (an environment
-marker), and elsewhere the server runs on asyncio's loop, saying so at start-up (`MISSING`).
+before Django starts (`install`). Everything runs on it unchanged; the loop's own machinery is
+compiled, which leaves more CPU to synthesis (docs/decisions.md). uvloop has no wheels for Windows:
+there the server runs on asyncio's loop, saying so at start-up (`MISSING`).
 """
 
 import asyncio
@@ -28,3 +20,10 @@ def install():
     except ImportError:
         return
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def daphne_loop() -> str:
+    """Whose event loop daphne runs on ("uvloop" or "asyncio"): the one it made when Django loaded its app."""
+    from daphne.server import twisted_loop  # not at import: `install` runs before daphne.server is imported
+
+    return type(twisted_loop).__module__.partition(".")[0]

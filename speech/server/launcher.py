@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 # How long a thread that wants the GIL waits before the thread holding it must let go (Python's
 # default: 5 ms). A handshake or a frame that arrives while a synthesis thread runs Python (G2P) or
 # the registry's writer builds its batch waited up to that long; at 0.5 ms handshakes are answered
-# sooner and throughput is unchanged (bench/handshake.py, bench/throughput.py: bench/RESULTS.md).
+# sooner and throughput is unchanged (docs/decisions.md).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 # On SIGTERM, how long the process waits for the clients of the sessions it ended to answer their close

@@ -53,14 +53,12 @@ class Command(BaseCommand):
             raise CommandError(refusal)
         if conf.INSECURE and not security.is_loopback(host) and security.problems():
             logger.warning("SPEECH_INSECURE=true: listening on %s with %s", host, "; ".join(security.problems()))
-        from daphne.server import twisted_loop  # the loop daphne made when Django loaded its app
-
         from speech.server import eventloop
         from speech.server.launcher import SpeechCommandLine
         from speech.web.lifecycle import ServingLifecycle
 
         # uvloop's where it is installed, chosen by manage.py before Django started (speech/server/eventloop.py).
-        loop = type(twisted_loop).__module__.partition(".")[0]
+        loop = eventloop.daphne_loop()
         if loop != "uvloop":
             logger.warning("event loop: asyncio's own (%s)", eventloop.MISSING)
         logger.info("serving on ws://%s:%s/v1/audio/speech/stream (engine %s, event loop %s)", host, port, conf.ENGINE, loop)
