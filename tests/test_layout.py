@@ -89,3 +89,31 @@ def test_the_check_sees_a_twisted_import_planted_in_web(tmp_path):
         "speech/web/consumers.py": [(4, "twisted.internet")],
         "ttsproject/asgi.py": [(1, "zope.interface")],
     }
+
+
+def project_imports(path):
+    """The speech packages the module at path imports, relative imports resolved (speech/<package>/...)."""
+    package = path.parent.relative_to(PROJECT_ROOT).parts
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            names = [*base, *(node.module or "").split(".")] if node.module else [*base, node.names[0].name]
+        elif isinstance(node, ast.ImportFrom):
+            names = (node.module or "").split(".")
+        elif isinstance(node, ast.Import):
+            names = node.names[0].name.split(".")
+        else:
+            continue
+        if names[0] == "speech" and len(names) > 1:
+            found.add(names[1])
+    return found
+
+
+def test_the_server_package_imports_nothing_of_web_or_control():
+    """speech/web/ uses speech/server/ (the connection, the budget): never the other way round."""
+    modules = sorted((PROJECT_ROOT / "speech" / "server").rglob("*.py"))
+    assert "web" in project_imports(PROJECT_ROOT / "speech" / "management" / "commands" / "serve.py")  # absolute
+    assert "server" in project_imports(PROJECT_ROOT / "speech" / "web" / "consumers.py")  # relative
+    offenders = {str(m.relative_to(PROJECT_ROOT)): project_imports(m) & {"web", "control"} for m in modules}
+    assert {name: found for name, found in offenders.items() if found} == {}

@@ -1,9 +1,10 @@
 """One speech session's state machine, in plain asyncio: it knows nothing of Channels.
 
-A transport (the consumer, or a test's recorder) feeds it client frames with `receive_text` /
-`receive_bytes` and gives it three coroutines to talk back: `send_json`, `send_bytes`,
-`close(code)`. Handling a frame only parses, checks and enqueues; synthesis and delivery run in
-the pipeline's tasks, so frames are handled at once even while audio is being produced.
+Its adapter (the consumer, or a test) feeds it client frames with `receive_text` /
+`receive_bytes`, and its Transport (the server's connection, or a test's recorder) gives it three
+coroutines to talk back: `send_json`, `send_bytes`, `close(code, audio_ahead_s)`. Handling a frame
+only parses, checks and enqueues; synthesis and delivery run in the pipeline's tasks, so frames are
+handled at once even while audio is being produced.
 
 States: AWAITING_CONFIG -> ACTIVE -> DRAINING (after input.done) -> CLOSED.
 """
