@@ -24,7 +24,7 @@ from speech.server.connection import Connection
 from speech.stream.session import OUTCOME_FAILED, SpeechSession
 
 from .conftest import limits
-from .support.ws_protocol import OpenedProtocol, opened
+from .support.websocket import OpenedProtocol, opened
 
 TCP_CLOSE = 7  # tcpi_state once the reset has arrived (linux/tcp_states.h)
 WAIT_S = 5.0

@@ -25,7 +25,7 @@ from speech.server.patches.autobahn_debug_log import LogArgument
 from speech.server.tcpwindow import writes_through
 from speech.server.websocket import SpeechWebSocket, frame_header, tcp_transport, write_through
 
-from .support.ws_protocol import OpenedProtocol, opened
+from .support.websocket import OpenedProtocol, opened
 
 
 @pytest.fixture
