@@ -1,7 +1,8 @@
 """daphne, as `manage.py serve` runs it: the stock server with backpressure and a shutdown that works.
 
 Every WebSocket gets a Connection (speech/server/connection.py) in its scope: the session's transport,
-whose FlowControl is its transport's producer and whose input queue the application reads.
+whose FlowControl is its transport's producer and whose input queue the application reads
+(speech/server/patches/daphne_backpressure.py).
 
 On SIGTERM every running application is cancelled (speech/server/patches/daphne_shutdown.py); the
 server waits for every session to end (each sends its error event and closes 4001) and, while their
@@ -27,7 +28,7 @@ from twisted.internet import reactor
 
 from .. import memory
 from .collector import collector
-from .connection import SCOPE_KEY, Connection
+from .patches.daphne_backpressure import ConnectionInScope
 from .patches.daphne_shutdown import CancelStartedApplications
 from .websocket import SpeechWebSocket
 
@@ -54,7 +55,7 @@ class Lifecycle(Protocol):
         """Every session has ended; runs while their clients answer the close."""
 
 
-class SpeechServer(CancelStartedApplications, Server):
+class SpeechServer(CancelStartedApplications, ConnectionInScope, Server):
     def __init__(self, *args, lifecycle: Lifecycle, **kwargs):
         super().__init__(*args, **kwargs)
         self.lifecycle = lifecycle
@@ -109,24 +110,13 @@ class SpeechServer(CancelStartedApplications, Server):
             memory.release_after_growth()
 
     def create_application(self, protocol, scope):
-        """daphne's, except that a WebSocket's application reads its Connection's input queue and finds
-        the Connection in its scope, and every connection gets its garbage-collector mark."""
-        assert "application_instance" not in self.connections[protocol]
+        """Every connection gets its garbage-collector mark, and a WebSocket is counted (its Connection:
+        speech/server/patches/daphne_backpressure.py)."""
         self._marks[protocol] = collector.opened()
         if scope["type"] == "websocket":
             self._sockets.add(protocol)
             self.opened += 1
-            connection = scope[SCOPE_KEY] = Connection.attach(protocol)
-            input_queue = connection.input
-        else:
-            input_queue = asyncio.Queue()
-        scope.setdefault("asgi", {"version": "3.0"})
-        send = functools.partial(self.handle_reply, protocol)
-        application_instance = self.application(scope=scope, receive=input_queue.get, send=send)
-        if protocol not in self.connections:
-            return None
-        self.connections[protocol]["application_instance"] = asyncio.ensure_future(application_instance)
-        return input_queue
+        return super().create_application(protocol, scope)
 
     async def _stop(self, applications):
         await asyncio.gather(*applications, return_exceptions=True)
