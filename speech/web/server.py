@@ -63,6 +63,16 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 # that audio. Well inside the 10 s a process manager (docker stop) allows before SIGKILL.
 SHUTDOWN_CLOSE_WAIT_S = 5.0
 
+# daphne checks every connection's timeouts every TIMEOUT_CHECK_S, sending the keepalive pings that are
+# due, all in one loop turn. Sessions opened together (a burst of clients, a reconnect after a restart) fall
+# due together and stay so, each ping restarting its interval in the same pass: 2,000 idle sessions made
+# one turn of 2,000 pings, and their 2,000 pongs came back at once (bench/RESULTS.md, "Handshakes beside
+# idle sessions"; docs/decisions.md). Here the check runs in TIMEOUT_PASSES passes spread over the same
+# period, each over every TIMEOUT_PASSES-th connection: each connection is still checked every
+# TIMEOUT_CHECK_S, and a loop turn sends at most a tenth of the pings that fall due together.
+TIMEOUT_CHECK_S = 2.0
+TIMEOUT_PASSES = 10
+
 _instance_stopped = on_database_thread(registry.instance_stopped)
 
 
@@ -83,6 +93,17 @@ class SpeechServer(Server):
         self.started = timezone.now()
         reactor.callWhenRunning(self._sweep)
         super().run()
+
+    _timeout_pass = 0  # which of the TIMEOUT_PASSES passes over the connections runs next
+
+    def timeout_checker(self):
+        """daphne's check of every connection's timeouts and keepalive ping, in TIMEOUT_PASSES passes
+        (see TIMEOUT_PASSES). Connections are taken by their position in `connections`, where the
+        sessions opened together stand together."""
+        for protocol in list(self.connections)[self._timeout_pass :: TIMEOUT_PASSES]:
+            protocol.check_timeouts()
+        self._timeout_pass = (self._timeout_pass + 1) % TIMEOUT_PASSES
+        reactor.callLater(TIMEOUT_CHECK_S / TIMEOUT_PASSES, self.timeout_checker)
 
     def _sweep(self):
         self._sweeping = asyncio.ensure_future(Sweeper(self.started).run())
