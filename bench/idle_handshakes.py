@@ -104,7 +104,8 @@ async def beside_idle_sessions(urls, idle, rounds):
 def idle_rows(env, idle, rounds, trace, root):
     """Part (4)'s rows, the idle sessions admitted, and with `trace` the tables of what held the servers up
     and of their slowest bursts."""
-    env = {**env, "SPEECH_IDLE_TIMEOUT_S": "3600"}  # idle sessions stay open while the bursts run
+    # Idle sessions stay open while the bursts run, and wait for their config while the others open.
+    env = {**env, "SPEECH_IDLE_TIMEOUT_S": "3600", "SPEECH_CONFIG_TIMEOUT_S": "3600"}
     traces = Path(tempfile.mkdtemp(prefix="bench-trace-"))
     servers = {}
     for name in ("loaded", "empty"):
