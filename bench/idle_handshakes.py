@@ -147,7 +147,7 @@ def pause_rows(events, clients):
         for generation in (0, 1, 2):
             spans = [r["t1"] - r["t0"] for r in records if r["kind"] == "gc" and r["generation"] == generation]
             rows.append((f"{server}: garbage collection, generation {generation}", stats_ms(spans)))
-        walks = [r["t1"] - r["t0"] for r in records if r["kind"] == "gc" and r["generation"] == 2 and r["frozen"] == 0]
+        walks = [r["t1"] - r["t0"] for r in records if r["kind"] == "gc" and r.get("everything")]
         rows.append((f"{server}: of which full collections of everything (after an unfreeze)", stats_ms(walks)))
         late = [r["t1"] - r["t0"] for r in records if r["kind"] == "late"]
         rows.append((f"{server}: loop late by more than 5 ms", stats_ms(late)))
@@ -180,7 +180,7 @@ def slowest_bursts(bursts, events, clients):
                 f"{overlap_ms([(r['t0'], r['t1']) for r in collections if r['generation'] == g], start, end):.0f}"
                 for g in (0, 1, 2)
             )
-            walk = "yes" if any(r["generation"] == 2 and r["frozen"] == 0 for r in collections) else ""
+            walk = "yes" if any(r.get("everything") for r in collections) else ""
             late = [r["t1"] - r["t0"] for r in records if r["kind"] == "late" and r["t0"] < end and r["t1"] > start]
             pings = sum(1 for r in records if r["kind"] == "ping" and start <= r["t0"] <= end)
             lines.append(

@@ -2,8 +2,8 @@
 
 On PYTHONPATH with SPEECH_BENCH_TRACE=<file>, a Python process records, and writes to <file>.<pid> as JSON
 lines when it exits:
-- each garbage collection: its generation, start and end (wall times), and how many objects were frozen
-  when it began (0 for a full collection after `gc.unfreeze`: it walks everything);
+- each garbage collection: its generation, start and end (wall times), and for a full one whether it
+  walks everything (the serving process's collector unfroze at the previous one: speech/web/collector.py);
 - each keepalive ping daphne sends (its wall time);
 - once daphne's loop runs, each time a timer of LATE_TICK_S on that loop fired more than LATE_TICK_S late
   (the loop was busy or the process was not scheduled for that long).
@@ -23,14 +23,25 @@ _path = os.environ.get("SPEECH_BENCH_TRACE")
 _records = []
 
 if _path:
-    _collecting = [0.0, 0]
+    _collecting = [0.0]
+    _unfreezes = [0]
+
+    def _unfrozen():
+        """Whether the collector unfroze since the last full collection (`gc.get_freeze_count` would walk
+        every frozen object: too slow to ask at every collection)."""
+        module = sys.modules.get("speech.web.collector") or sys.modules.get("speech.server.collector")
+        unfreezes = getattr(getattr(module, "collector", None), "unfreezes", 0)
+        walks, _unfreezes[0] = unfreezes > _unfreezes[0], unfreezes
+        return walks
 
     def _collection(phase, info):
         if phase == "start":
-            _collecting[:] = [time.time(), gc.get_freeze_count()]
+            _collecting[0] = time.time()
         else:
-            since, frozen = _collecting
-            _records.append({"kind": "gc", "generation": info["generation"], "t0": since, "t1": time.time(), "frozen": frozen})
+            record = {"kind": "gc", "generation": info["generation"], "t0": _collecting[0], "t1": time.time()}
+            if info["generation"] == 2:
+                record["everything"] = _unfrozen()
+            _records.append(record)
 
     def _tick(loop, due):
         now = time.time()
