@@ -47,6 +47,6 @@ def test_a_connection_that_ends_during_a_pass_leaves_the_others_checked(monkeypa
             super().check_timeouts()
             del server.connections[self]
 
-    server.connections = {Closing(checks): {} for _ in range(20)}
+    server.connections = {Closing(checks): {} for _ in range(2 * module.TIMEOUT_PASSES)}
     server.timeout_checker()
-    assert len(checks) == 2 and len(server.connections) == 18
+    assert len(checks) == 2 and len(server.connections) == 2 * module.TIMEOUT_PASSES - 2
