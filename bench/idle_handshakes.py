@@ -89,6 +89,8 @@ async def beside_idle_sessions(urls, idle, rounds):
                     measured = await burst(url, sockets)
                     if trial >= 0:
                         bursts[name].append(measured)
+                # Closes under way only: the bursts' connections are not kept (this process's collections).
+                closing = [task for task in closing if not task.done()]
                 closing += [asyncio.ensure_future(ws.close()) for ws in sockets]
                 sockets.clear()
                 trial += 1
