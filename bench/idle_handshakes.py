@@ -213,4 +213,4 @@ def section(env, args):
         "collections, and the bursts holding each server's slowest 1 % of handshakes beside what overlapped them."
     )
     lines = [*header(SECTION, command), f"* Run time: {time.monotonic() - started:.0f} s{code}", about, "", report]
-    return "\n".join([*lines, "", f"* {verdict}", ""])
+    return "\n".join([*lines, "", f"* {verdict}", "", ""])
