@@ -209,7 +209,7 @@ def section(env, args):
         f"servers (in-memory layer, engine {args.engine}), alternating after {WARM_UP} warm-up bursts: one holds "
         f"{args.idle} idle sessions (held by the client, whose garbage collector is frozen meanwhile), the other none. "
         "Target: p99 beside them <= 2x p99 beside none. --trace: what held each server's loop up during the bursts "
-        "(collections; a full walk is one after an unfreeze, speech/web/collector.py), this process's full "
+        "(collections; a full walk is one after an unfreeze, speech/server/collector.py), this process's full "
         "collections, and the bursts holding each server's slowest 1 % of handshakes beside what overlapped them."
     )
     lines = [*header(SECTION, command), f"* Run time: {time.monotonic() - started:.0f} s{code}", about, "", report]

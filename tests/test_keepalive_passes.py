@@ -1,7 +1,7 @@
-"""daphne's check of its connections' timeouts and keepalive pings runs in passes (speech/web/server.py,
-TIMEOUT_PASSES): sessions opened together are pinged a share per loop turn, not all in one, and each
-connection is still checked once per daphne's period. Figures: bench/RESULTS.md, "Handshakes beside idle
-sessions"."""
+"""daphne's check of its connections' timeouts and keepalive pings runs in passes
+(speech/server/patches/daphne_timeout_passes.py): sessions opened together are pinged a share per loop
+turn, not all in one, and each connection is still checked once per daphne's period. Figures:
+bench/RESULTS.md, "Handshakes beside idle sessions"."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ class Connection:
 
 
 def test_each_pass_checks_a_share_of_the_connections_and_every_period_checks_each_once(monkeypatch):
-    from speech.web import server as module
+    from speech.server.launcher import SpeechServer
+    from speech.server.patches import daphne_timeout_passes as module
 
     later = []
     monkeypatch.setattr(module.reactor, "callLater", lambda delay, fn, *args: later.append((delay, fn)))
-    server = module.SpeechServer.__new__(module.SpeechServer)
+    server = SpeechServer.__new__(SpeechServer)
     checks = []
     opened_together = [Connection(checks) for _ in range(2000)]
     server.connections = {connection: {} for connection in opened_together}
@@ -36,10 +37,11 @@ def test_each_pass_checks_a_share_of_the_connections_and_every_period_checks_eac
 
 def test_a_connection_that_ends_during_a_pass_leaves_the_others_checked(monkeypatch):
     """check_timeouts may close a connection (daphne's timeouts), which removes it from `connections`."""
-    from speech.web import server as module
+    from speech.server.launcher import SpeechServer
+    from speech.server.patches import daphne_timeout_passes as module
 
     monkeypatch.setattr(module.reactor, "callLater", lambda *args: None)
-    server = module.SpeechServer.__new__(module.SpeechServer)
+    server = SpeechServer.__new__(SpeechServer)
     checks = []
 
     class Closing(Connection):

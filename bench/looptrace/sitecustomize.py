@@ -3,7 +3,7 @@
 On PYTHONPATH with SPEECH_BENCH_TRACE=<file>, a Python process records, and writes to <file>.<pid> as JSON
 lines when it exits:
 - each garbage collection: its generation, start and end (wall times), and for a full one whether it
-  walks everything (the serving process's collector unfroze at the previous one: speech/web/collector.py);
+  walks everything (the serving process's collector unfroze at the previous one: speech/server/collector.py);
 - each keepalive ping daphne sends (its wall time);
 - once daphne's loop runs, each time a timer of LATE_TICK_S on that loop fired more than LATE_TICK_S late
   (the loop was busy or the process was not scheduled for that long).
