@@ -35,29 +35,12 @@ def collector():
     gc.collect()
 
 
-def test_what_survives_a_full_collection_is_frozen_and_walked_no_more(collector, monkeypatch):
-    monkeypatch.setattr(collector_module, "FREEZE_AT_LEAST", 1000)
+def test_what_survives_a_full_collection_is_frozen_and_walked_no_more(collector):
     open_sessions = [Node() for _ in range(1000)]
     before = gc.get_freeze_count()
     gc.collect()
     assert collector.freezes == 1 and gc.get_freeze_count() >= before + len(open_sessions)
     assert len(gc.get_objects(generation=2)) < len(open_sessions)  # the next full collection walks none of them
-
-
-def test_a_few_survivors_are_left_unfrozen_and_freed_when_they_end(collector, monkeypatch):
-    """Handshakes under way at a full collection stay walked: once over, they are freed by the next one,
-    not held back until enough have ended for a walk of everything."""
-    monkeypatch.setattr(collector_module, "FREEZE_AT_LEAST", 10_000)
-    marks = [collector.opened() for _ in range(100)]
-    under_way = [Node() for _ in range(100)]
-    gc.collect()
-    assert collector.freezes == 0  # 100 sessions' worth of survivors: not frozen
-    for mark in marks:
-        collector.ended(mark)
-    under_way.clear()
-    assert collector.frozen_ended == 0
-    assert gc.collect() >= 100  # freed by the next full collection, without an unfreeze
-    assert collector.unfreezes == 0
 
 
 def test_garbage_made_after_a_freeze_is_still_freed(collector):
@@ -68,7 +51,6 @@ def test_garbage_made_after_a_freeze_is_still_freed(collector):
 
 def test_sessions_that_end_after_being_frozen_are_freed_once_enough_have_ended(collector, monkeypatch):
     monkeypatch.setattr(collector_module, "UNFREEZE_AFTER_ENDED", 3)
-    monkeypatch.setattr(collector_module, "FREEZE_AT_LEAST", 1)
     marks = [collector.opened() for _ in range(3)]
     held = [Node() for _ in range(3)]
     gc.collect()  # the three sessions are open: frozen

@@ -9,15 +9,12 @@ bench/RESULTS.md, "Handshake and channel layer", part 4; docs/decisions.md). Ses
 be left out: an ended session is cyclic garbage (daphne's, Twisted's and autobahn's objects refer to
 each other), which only a collection frees.
 
-So the objects that survive a full collection are frozen (`gc.freeze`) once they are many
-(FREEZE_AT_LEAST): the next ones walk only what was made since, and a session that stays open is walked a
-few times at most. A connection that was open at a freeze and has ended since is garbage the collector
-cannot see; after UNFREEZE_AFTER_ENDED of them the next full collection walks everything again
-(`gc.unfreeze`) and frees them, then freezing resumes. That bounds the garbage held back to about that
-many sessions (tens of KiB each), and the long pause to once per that many ended sessions that had been
-open at a freeze. Survivors are left unfrozen while they are few: those are mostly the handshakes and
-short sessions under way at that moment, which, frozen, would soon be garbage held back and bring the
-walk of everything round again (with 2,000 sessions open, every few thousand handshakes: docs/decisions.md).
+So the objects that survive a full collection are frozen (`gc.freeze`): the next ones walk only what
+was made since, and a session that stays open is walked about once. A connection that was open at a
+freeze and has ended since is garbage the collector cannot see; after UNFREEZE_AFTER_ENDED of them the
+next full collection walks everything again (`gc.unfreeze`) and frees them, then freezing resumes. That
+bounds the garbage held back to about that many sessions (tens of KiB each), and the long pause to once
+per that many ended sessions that had been open at a freeze.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ from __future__ import annotations
 import gc
 
 UNFREEZE_AFTER_ENDED = 256
-FREEZE_AT_LEAST = 20_000  # survivors of a full collection (objects, ~150 an open session) worth freezing
 
 
 class Collector:
@@ -57,7 +53,7 @@ class Collector:
             gc.unfreeze()  # the next full collection walks everything and frees what was held back
             self.frozen_ended = 0
             self.unfreezes += 1
-        elif len(gc.get_objects(generation=2)) >= FREEZE_AT_LEAST:
+        else:
             gc.freeze()
             self.freezes += 1
 
