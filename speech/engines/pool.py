@@ -158,6 +158,7 @@ class SynthesisPool:
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._closed = False
+        self._settling = False  # hang-ups of this turn of the event loop are being read: no job is taken
         self._seq = itertools.count()
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
@@ -191,6 +192,11 @@ class SynthesisPool:
         """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
         for its result, or `discard` it."""
         job = Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        if ticket.abandoned:  # its listener has gone already: it never waits
+            job.state = DONE
+            job.future.set_exception(JobAbandoned("its listener has gone"))
+            metrics.engine_job_end("dropped")
+            return job
         with self._lock:
             if self._closed:  # the job can never run
                 job.future.set_exception(RuntimeError("synthesis pool is shut down"))
@@ -226,17 +232,30 @@ class SynthesisPool:
             freed = [self._let_go(job) for job in jobs]
         for job in jobs:
             post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
-        if any(freed):
-            self._dispatch_soon()
+        self._dispatch_soon()
 
     def _dispatch_soon(self):
         """Start waiting jobs on freed places once this turn of the event loop is over: when several
         clients hang up together, their disconnects come in one turn, and a place freed by the first
-        would otherwise go to a waiting job of the next one to leave, on a thread of its own."""
+        would otherwise go to a waiting job of the next one to leave, on a thread of its own. Until
+        then no thread takes a waiting job either (`_settling`): one that finishes its job meanwhile
+        waits idle for this dispatch instead of starting a job whose client's hang-up is still to be
+        read in this turn."""
         try:
-            asyncio.get_running_loop().call_soon(self._dispatch)
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # not on an event loop: now
             self._dispatch()
+            return
+        with self._lock:
+            if self._settling:
+                return
+            self._settling = True
+        loop.call_soon(self._settled)
+
+    def _settled(self):
+        with self._lock:
+            self._settling = False
+        self._dispatch()
 
     def _let_go(self, job):
         """Under the lock: drop `job` if it waits; if it runs, free its place and retire its thread. True
@@ -369,7 +388,7 @@ class SynthesisPool:
     def _take(self):
         """The most urgent waiting job, now counted as running (under the lock), or None. Jobs whose
         listener has gone are dropped on the way."""
-        if self._running >= self.workers or not self._waiting:
+        if self._running >= self.workers or not self._waiting or self._settling:
             return None
         if any(job.ticket.abandoned for job in self._waiting):
             for job in [job for job in self._waiting if job.ticket.abandoned]:

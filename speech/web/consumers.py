@@ -102,6 +102,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     def _abandon_work(self):
         """The client is gone: the engine stops the session's work now, before the session's teardown."""
+        self._open = False  # nothing more is sent
         if self.session is not None and self.session.pipeline is not None:
             self.session.pipeline.abandon()
 
