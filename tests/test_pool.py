@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from speech.engines import abandoning
 from speech.engines import pool as pool_module
 from speech.engines.pool import CURRENT, SynthesisPool, Ticket, release_point
 
@@ -608,7 +609,7 @@ async def test_a_discarded_running_jobs_thread_yields_its_core_to_the_next_job_a
 
     new_thread, new_core = await asyncio.wait_for(pool.run(where), GUARD_S)
     assert new_thread is not thread and new_core == core
-    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == pool_module.LOWEST_NICE
+    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == abandoning.LOWEST_NICE
     for gate in gates:
         gate.release.set()
     await asyncio.to_thread(thread.join, GUARD_S)
