@@ -154,6 +154,26 @@ async def test_disconnect_mid_segment_aborts_the_engine_work():
     assert engine.aborted == 2 and engine.completed == 0
 
 
+async def test_a_client_gone_without_a_close_frame_is_torn_down_after_the_newcomers_turns():
+    """A hang-up (1006) frees the engine at once (`Ticket.abandon`, speech/engines/pool.py) and leaves
+    the rest of its session's teardown for later (consumers.TEARDOWN_DELAY_S): the loop turns right
+    after it go to the sessions that are still there."""
+    engine = FakeEngine(chunks=3, hold=True)
+    comm, _ = await connected(engine, stream_audio=True)
+    await send(comm, {"type": "input.text", "text": "First one. Second one. Third one. "})
+    await event(comm, "audio.start")
+    assert "bytes" in await output(comm)
+    assert "bytes" in await output(comm)
+    assert await comm.receive_nothing()  # held: the second chunk does not come
+    assert engine.running == 2
+    await comm.send_input({"type": "websocket.disconnect", "code": 1006})
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert engine.running == 2  # not torn down yet
+    await comm.wait(HANG_GUARD_S)  # the consumer ends once its session is torn down
+    assert engine.running == 0 and engine.aborted == 2
+
+
 async def test_cancel_through_the_socket():
     engine = FakeEngine(chunks=3, hold=True)
     comm, configured = await connected(engine, stream_audio=True)

@@ -23,6 +23,11 @@ from .database import on_database_thread
 from .flowcontrol import SCOPE_KEY
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
+# A client gone without a close frame (1006: a hang-up, a reset) has its session torn down this long
+# after its engine work was abandoned: the teardown is nobody's wait, and a newcomer's first sentence
+# should not wait behind it (bench/hangup.py; docs/decisions.md).
+ABNORMAL_CLOSE = 1006
+TEARDOWN_DELAY_S = 0.25
 _find_voice = on_database_thread(voices.find_voice)  # an uploaded voice, at session.config
 
 
@@ -110,6 +115,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         self._open = False
         self._abandon_work()
         if self.session is not None:
+            if code == ABNORMAL_CLOSE:
+                await self.admission.release_slot()  # a client reconnecting at once finds its slot free
+                await asyncio.sleep(TEARDOWN_DELAY_S)
             await self.admission.release(self.session)
 
     # -- control signals (speech/control/signals.py) -------------------------------------------
