@@ -423,8 +423,8 @@ async def test_cancel_mid_segment(speech):
 
 
 async def test_after_the_client_has_gone_no_further_segment_is_started(speech):
-    """`Pipeline.abandon` (the connection is lost, before the session's teardown): a segment whose
-    synthesis or delivery ends afterwards starts none of those behind it, and logs nothing."""
+    """`Pipeline.abandon` (the connection is lost, before the session's teardown): the segments'
+    synthesis stops at once, and a segment whose delivery ends afterwards starts none of those behind it."""
     engine = FakeEngine(chunks=2, hold=True)
     s = await speech(engine, stream_audio=True)
     await s.text("First one. Second one. Third one. ")
@@ -437,10 +437,10 @@ async def test_after_the_client_has_gone_no_further_segment_is_started(speech):
 
     await asyncio.wait_for(requested(2), HANG_GUARD_S)
     s.session.pipeline.abandon()
-    engine.allow(2)  # both streams end; delivery goes on to the second segment
-    done = await s.t.until("audio.done")
+    done = await s.t.until("audio.done")  # both streams are stopped; delivery goes on to the second segment
     while done[-1][1]["sentence_index"] != 1:
         done = await s.t.until("audio.done")
+    assert engine.running == 0 and engine.aborted == 2
     assert [r.text for r in engine.requests] == ["First one.", "Second one."]
     await s.finish()
 

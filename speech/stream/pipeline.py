@@ -439,12 +439,15 @@ class Pipeline:
 
     def abandon(self) -> None:
         """Nobody will hear the segments accepted so far (the client has gone): the engine drops their
-        waiting jobs and stops a running one at its next step, from now on, before this loop gets to
-        cancel the tasks that await them (speech/engines/pool.py). No further segment is started: a
-        producer that ends now (its job stopped) would otherwise start the next one's synthesis."""
+        waiting jobs and stops a running one at its next step, from now on (speech/engines/pool.py), and
+        their producers are cancelled (an engine without that pool stops with them). No further segment
+        is started: a producer that ends now would otherwise start the next one's synthesis. The rest
+        (delivery, the streams' closing) is `aclose`'s."""
         self._abandoned = True
         for job in self.jobs:
             job.ticket.abandon()
+            if job.producer is not None:
+                job.producer.cancel()
 
     async def cancel(self, context: Context | None = None) -> int:
         """Barge-in: stop the segment being sent within one frame and drop the rest, of `context`

@@ -2,8 +2,9 @@
 
 `receive()` hands the frame to the session, which only parses and enqueues; synthesis runs in
 the session's own tasks. Admission (capacity, key, slot) and the control plane (group, registry,
-signals) are one object it calls, speech/web/admission.py. `disconnect()` aborts all of the
-session's work and gives everything back. The session's transport is the connection the server put
+signals) are one object it calls, speech/web/admission.py. A lost connection stops the session's
+engine work at once (`_abandon_work`); `disconnect()` then gives everything back, TEARDOWN_DELAY_S
+later when the client left without a close frame. The session's transport is the connection the server put
 in the scope (speech/server/connection.py), or the ASGI `send` under another server.
 """
 
