@@ -21,7 +21,7 @@ import re
 import pytest
 
 from speech.engines.fake import FakeEngine
-from speech.stream.protocol import Limits
+from speech.stream.messages import Limits
 from speech.stream.session import SpeechSession
 
 from .support import tiers
@@ -122,11 +122,11 @@ async def speech():
 
 @pytest.fixture
 def process_engine(monkeypatch):
-    """The process's engine (speech.engines.get_engine) is a FakeEngine: voices 'fake' and 'alt'."""
-    import speech.engines
+    """The process's engine (speech.runtime.get_engine) is a FakeEngine: voices 'fake' and 'alt'."""
+    import speech.runtime
 
     fake = FakeEngine()
-    monkeypatch.setattr(speech.engines, "_engine", fake)
+    monkeypatch.setattr(speech.runtime, "_engine", fake)
     return fake
 
 

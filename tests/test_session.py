@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from speech.audio import signal as audio
-from speech.engines import EngineBusy
 from speech.engines.fake import FakeEngine
+from speech.stream.engine import EngineBusy
 
 from .conftest import CHUNK_BYTES, LIMITS, SESSION_ID_RE, dumps, limits, other_tasks
 from .support.heard import without_heard
@@ -938,7 +938,7 @@ async def test_timeout_that_fired_just_before_a_frame_is_void(speech, which):
     s = await speech(configure=which != "config")
     # The deadline passes: the event loop runs the timer's callback (white-box: we run it ourselves,
     # deterministically) ...
-    handle = s.session._timer
+    handle = s.session._timeout.handle
     assert handle is not None
     fire = handle._callback  # noqa: SLF001
     handle.cancel()  # it fires once, here, not again from the loop

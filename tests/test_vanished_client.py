@@ -20,7 +20,8 @@ from twisted.internet import tcp
 from twisted.internet.asyncioreactor import AsyncioSelectorReactor
 
 from speech.engines.fake import FakeEngine
-from speech.stream.session import OUTCOME_FAILED, SpeechSession
+from speech.stream.outcomes import OUTCOME_FAILED
+from speech.stream.session import SpeechSession
 from speech.web.consumers import SpeechStreamConsumer
 from speech.web.flowcontrol import FlowControl
 

@@ -87,10 +87,11 @@ the same core, once the event loop's turn is over (the hang-ups of that turn are
 Before, a newcomer's first sentence waited for the rest of the step of a client that had left
 (bench/hangup.py in bench/RESULTS.md; docs/decisions.md).
 
-Every job that runs is timed into two histograms of speech/metrics.py: how long it waited for a
-thread and how long it ran on one. Every job's end is counted by outcome (`speech_engine_jobs_total`):
-completed, failed, dropped (never started: its listener had left), stopped (at its next step, its
-listener gone), unheard (ran to its end after its listener left: it was in a step that cannot stop).
+Every job that runs reports to the pool's meter (speech/stream/meter.py; the server's is
+speech/metrics.py) how long it waited for a thread and how long it ran on one. Every job's end is
+reported by outcome (`speech_engine_jobs_total`): completed, failed, dropped (never started: its
+listener had left), stopped (at its next step, its listener gone), unheard (ran to its end after its
+listener left: it was in a step that cannot stop).
 """
 
 from __future__ import annotations
@@ -102,16 +103,15 @@ import sys
 import threading
 import time
 
-from .. import metrics
+from ..stream.engine import CURRENT, queues
+from ..stream.meter import NO_METER
 from .jobs import (
     ABANDONED,
-    CURRENT,
     DONE,
     RUNNING,
     WAITING,
-    Job,
+    SynthesisJob,
     JobAbandoned,
-    Ticket,
     gone,
     post,
     held,
@@ -120,7 +120,7 @@ from .jobs import (
     release_point,
     stoppable,
 )
-from .threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
+from ..threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
@@ -144,8 +144,9 @@ class _Worker:
 
 
 class SynthesisPool:
-    def __init__(self, workers, name, *, release_points=False):
+    def __init__(self, workers, name, *, release_points=False, meter=NO_METER):
         self.workers = workers
+        self.meter = meter  # each job's wait, run and end (speech/stream/meter.py)
         self.release_points = release_points  # the jobs call release_point() before their model runs
         self.name = name
         linux = sys.platform.startswith("linux")  # a thread's own niceness and cores; elsewhere a thread's id is not a process's
@@ -153,8 +154,8 @@ class SynthesisPool:
         cores = synthesis_cores(workers) if linux else None
         self._core_load = dict.fromkeys(cores, 0) if cores else {}  # live (not retired) threads on each pinned core
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
-        self._waiting: list[Job] = []  # scanned when a thread frees: at most two jobs a session
-        self._active: set[Job] = set()  # running, not abandoned
+        self._waiting: list[SynthesisJob] = []  # scanned when a thread frees: at most two jobs a session
+        self._active: set[SynthesisJob] = set()  # running, not abandoned
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._closed = False
@@ -163,6 +164,7 @@ class SynthesisPool:
         self._service_s = INITIAL_SERVICE_S
         self._alive: set[threading.Thread] = set()  # this pool's threads that have not ended
         pools.add(self)
+        queues.add(self)  # Ticket.abandon reaches this pool
 
     @property
     def depth(self):
@@ -190,7 +192,7 @@ class SynthesisPool:
     def submit(self, fn, *args, ticket=CURRENT):
         """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
         for its result, or `discard` it."""
-        job = Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        job = SynthesisJob(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
         with self._lock:
             if self._closed:  # the job can never run
                 job.future.set_exception(RuntimeError("synthesis pool is shut down"))
@@ -244,7 +246,7 @@ class SynthesisPool:
         if job.state == WAITING and job in self._waiting:
             self._waiting.remove(job)
             job.state = DONE
-            metrics.engine_job_end("dropped")
+            self.meter.engine_job_end("dropped")
         elif job.state == RUNNING:
             job.state = ABANDONED
             if job.stop is not None:
@@ -339,8 +341,8 @@ class SynthesisPool:
             post_held()  # the previous job's result, if this one never reached a release point
             outcome = _outcome(job, ran, error)
             if ran:
-                metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
-            metrics.engine_job_end(outcome)
+                self.meter.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
+            self.meter.engine_job_end(outcome)
             with self._lock:
                 if job.state == ABANDONED:  # its place was given away: this thread leaves
                     following = None
@@ -375,11 +377,11 @@ class SynthesisPool:
             for job in [job for job in self._waiting if job.ticket.abandoned]:
                 self._waiting.remove(job)
                 job.state = DONE
-                metrics.engine_job_end("dropped")
+                self.meter.engine_job_end("dropped")
                 post(job.loop, job.future, None, JobAbandoned())
             if not self._waiting:
                 return None
-        job = min(self._waiting, key=Job.urgency)
+        job = min(self._waiting, key=SynthesisJob.urgency)
         self._waiting.remove(job)
         job.state = RUNNING
         self._active.add(job)
@@ -437,4 +439,4 @@ def _outcome(job, ran, error):
     return "failed" if error is not None else "completed"
 
 
-__all__ = ["CURRENT", "JobAbandoned", "SynthesisPool", "Ticket", "release_point", "stoppable"]
+__all__ = ["JobAbandoned", "SynthesisPool", "release_point", "stoppable"]

@@ -13,10 +13,11 @@ from autobahn.exception import Disconnected
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from .. import voices
+from .. import metrics, voices
 from ..conf import stream_limits, voice_aliases
-from ..engines import get_engine
+from ..runtime import get_engine
 from ..stream.session import SpeechSession
+from ..stream.signal import ControlSignal
 from . import budget
 from .admission import Admission
 from .database import on_database_thread
@@ -75,6 +76,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             voice_aliases=voice_aliases(),
             on_configured=self.admission.register,
             parse_large=budget.parse_large_config,
+            meter=metrics.METER,
         )
         refusal = await self.admission.admit(self.scope, self.session)
         if refusal is None:
@@ -102,8 +104,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     def _abandon_work(self):
         """The client is gone: the engine stops the session's work now, before the session's teardown."""
-        if self.session is not None and self.session.pipeline is not None:
-            self.session.pipeline.abandon()
+        if self.session is not None:
+            self.session.abandon()
 
     async def disconnect(self, code):
         self._open = False
@@ -111,14 +113,17 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         if self.session is not None:
             await self.admission.release(self.session)
 
-    # -- control signals (speech/control/signals.py) -------------------------------------------
+    # -- control signals (speech/control/signals.py), read once here (speech/stream/signal.py) ------
     async def speech_cancel(self, message):
-        if self.session is not None:
-            self.admission.signal(self.session, message)
+        self._signal(message)
 
     async def speech_terminate(self, message):
-        if self.session is not None:
-            self.admission.signal(self.session, message)
+        self._signal(message)
+
+    def _signal(self, message):
+        signal = ControlSignal.read(message)
+        if self.session is not None and signal is not None:
+            self.admission.signal(self.session, signal)
 
     # -- the session's transport ---------------------------------------------------------------
     async def send_json(self, event):
@@ -155,8 +160,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def close(self, code=None, reason=None):
         if self._open:
             self._open = False
-            if self.flow is not None and self.session is not None and self.session.pipeline is not None:
-                self.flow.closing(self.session.pipeline.audio_ahead_s())
+            ahead = self.session.audio_ahead_s() if self.session is not None else None
+            if self.flow is not None and ahead is not None:
+                self.flow.closing(ahead)
             await super().close(code, reason)
 
     @classmethod
