@@ -1,10 +1,10 @@
 """Prometheus metrics of this process, served at /metrics (prometheus-client's default registry).
 
-Every metric is defined here and fed from a few places only: the consumer at a session's start
-and end, the pipeline (engine time per segment, the first audio frame, every audio frame sent), the
-engine's thread pool (each job's wait for a thread and its run),
-the session's cancel, the `error` event builder (speech/stream/errors.py) and the API's HTTP handler
-(speech/web/apihandler.py). Each daphne process has its own registry: with several instances,
+Every metric is defined here and fed from a few places only: the admission at a session's start and
+end (its SessionSummary), `PrometheusMeter`, the Meter (speech/stream/meter.py) the server hands the
+session core and the engine's synthesis pool (engine time per segment, the first audio frame, every
+audio frame sent, cancels, error events, each pool job's wait, run and end), the handled refusals and
+the API's HTTP handler (speech/web/apihandler.py). Each daphne process has its own registry: with several instances,
 Prometheus scrapes every instance (its own address), not the load balancer.
 """
 

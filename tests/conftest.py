@@ -22,6 +22,7 @@ import pytest
 
 from speech.engines.fake import FakeEngine
 from speech.stream.messages import Limits
+from speech.stream.meter import NO_METER
 from speech.stream.session import SpeechSession
 
 from .support import tiers
@@ -60,11 +61,11 @@ def other_tasks():
 
 
 class Harness:
-    def __init__(self, engine, limits_, *, yield_on_send=False):
+    def __init__(self, engine, limits_, *, yield_on_send=False, meter=NO_METER):
         self.engine = engine
         self.limits = limits_
         self.t = Recorder(yield_on_send=yield_on_send)
-        self.session = SpeechSession(self.t, engine, limits_)
+        self.session = SpeechSession(self.t, engine, limits_, meter=meter)
 
     def start(self):
         self.session.start()
@@ -107,8 +108,8 @@ async def speech():
     """Factory for configured sessions (or, with configure=False, started unconfigured ones)."""
     made = []
 
-    async def make(engine=None, limits_=LIMITS, *, configure=True, yield_on_send=False, **config):
-        harness = Harness(engine or FakeEngine(), limits_, yield_on_send=yield_on_send).start()
+    async def make(engine=None, limits_=LIMITS, *, configure=True, yield_on_send=False, meter=NO_METER, **config):
+        harness = Harness(engine or FakeEngine(), limits_, yield_on_send=yield_on_send, meter=meter).start()
         made.append(harness)
         if configure:
             event = await harness.configure(**config)
