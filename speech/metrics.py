@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 
 from . import logcontext
 from .engines.jobs import pools
-from .web.flowcontrol import FlowControl
+from .server.flowcontrol import FlowControl
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ ENGINE_QUEUE.set_function(_pool_jobs)
 HELD = Gauge(
     "speech_sessions_held",
     "WebSocket connections whose client is not reading fast enough right now: their audio waits "
-    "(backpressure, speech/web/flowcontrol.py)",
+    "(backpressure, speech/server/flowcontrol.py)",
 )
 HELD.set_function(lambda: FlowControl.held)
 

@@ -1,8 +1,10 @@
 """Imports go one way: the session core (speech/stream/) talks to the world through the ports it defines
 (Transport, the engine, the Meter) and imports nothing of the adapters or of the frameworks, every
 module imports only from its own layer or the layers below it, and no import circle spans two parts of
-the layer table. Every rule is checked on the code and has a companion test showing that the checker
-sees a planted violation.
+the layer table. Only speech/server/ reaches into daphne, Twisted, autobahn and zope (so speech/web/
+is Django and Channels alone), and speech/server/ uses nothing of speech/web/ or speech/control/.
+Every rule is checked on the code and has a companion test showing that the checker sees a planted
+violation.
 
 The import graph holds every import of a module, at its top, inside functions and under
 `if TYPE_CHECKING:` alike: a type-only import still ties the two modules together for a reader.
@@ -18,7 +20,11 @@ from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("speech", "ttsproject")
+SCRIPTS = ("manage",)  # modules at the project's root
 CORE = "speech.stream"
+SERVER = "speech.server"
+SERVER_ONLY = ("twisted", "autobahn", "zope", "daphne")  # only speech.server imports these
+SERVER_NEVER = ("speech.web", "speech.control")  # what speech.server never imports
 EXACT = ("speech",)  # entries of the layer table that name one module, not a package
 
 # What the core never imports: the adapters and the Django app of this project, and the frameworks.
@@ -47,8 +53,7 @@ CORE_FORBIDDEN = (
 # below the core, which encodes audio with them; the engines implement the core's engine port; the
 # adapters (settings, metrics, the control plane over Redis and the database's models, the daphne
 # extension, the HTTP and WebSocket endpoints) wire them to the world; the Django app's entry points
-# (admin, views, the Channels consumer, the project) sit on top. speech.server is the daphne/Twisted
-# extension's package once it exists (issue 47).
+# (admin, views, the Channels consumer, the project) sit on top.
 LAYERS = (
     ("libraries", ("speech.audio", "speech.threads", "speech.logcontext", "speech.memory", "speech.client")),
     ("core", ("speech", CORE)),  # "speech": the package's own __init__ only (EXACT)
@@ -79,6 +84,7 @@ LAYERS = (
             "speech.web.consumers",
             "speech.web.routing",
             "ttsproject",
+            "manage",
         ),
     ),
 )
@@ -94,6 +100,9 @@ def module_names(root: Path) -> dict[str, Path]:
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
+    for script in SCRIPTS:
+        if (root / f"{script}.py").exists():
+            found[script] = root / f"{script}.py"
     return found
 
 
@@ -154,6 +163,32 @@ def core_violations(modules: dict[str, Path]) -> dict[str, list[tuple[int, str]]
             if hits:
                 found[module] = hits
     return found
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def server_only_violations(modules: dict[str, Path]) -> dict[str, list[tuple[int, str]]]:
+    """Module outside speech.server -> (line, name) of each import of daphne, Twisted, autobahn or zope."""
+    found = {}
+    for module, path in modules.items():
+        if not within(module, SERVER):
+            hits = [
+                (line, name)
+                for line, name in imports(path.read_text(), module, path.name == "__init__.py")
+                if name.split(".")[0] in SERVER_ONLY
+            ]
+            if hits:
+                found[module] = hits
+    return found
+
+
+def server_reaching_up(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for every import by speech.server of speech.web or speech.control."""
+    return sorted(
+        (a, b) for a, targets in edges.items() if within(a, SERVER) for b in targets if any(within(b, p) for p in SERVER_NEVER)
+    )
 
 
 def unplaced(edges: dict[str, set[str]]) -> list[str]:
@@ -223,6 +258,18 @@ def test_the_core_imports_no_adapter_and_no_framework():
 
 def test_every_module_has_a_layer():
     assert unplaced(EDGES) == []
+
+
+def test_only_the_server_package_imports_daphne_twisted_autobahn_or_zope():
+    assert server_only_violations({m: MODULES[m] for m in ("speech.server.websocket",)}) == {}  # its own
+    assert any(name.split(".")[0] == "autobahn" for _, name in imports(MODULES["speech.server.websocket"].read_text(), "x"))
+    assert server_only_violations(MODULES) == {}
+
+
+def test_the_server_package_imports_nothing_of_web_or_control():
+    """speech/web/ uses speech/server/ (the connection, the budget): never the other way round."""
+    assert "speech.server.connection" in EDGES["speech.web.consumers"]
+    assert server_reaching_up(EDGES) == []
 
 
 def test_imports_only_go_down_the_layers():
@@ -302,3 +349,35 @@ def test_the_check_sees_a_circle_across_parts_not_one_inside_a_package(tmp_path)
         },
     )
     assert circles(graph(modules)) == [["speech.metrics", "speech.web.api", "speech.web.auth"]]
+
+
+def test_the_check_sees_a_twisted_import_planted_in_web(tmp_path):
+    modules = plant(
+        tmp_path,
+        {
+            "manage.py": "import os\n",
+            "speech/server/websocket.py": "from autobahn.exception import Disconnected\n",
+            "speech/web/consumers.py": "from ..server import connection\ndef f():\n    from twisted.internet import reactor\n",
+            "ttsproject/asgi.py": "import zope.interface\n",
+        },
+    )
+    assert server_only_violations(modules) == {
+        "speech.web.consumers": [(3, "twisted.internet.reactor")],
+        "ttsproject.asgi": [(1, "zope.interface")],
+    }
+
+
+def test_the_check_sees_the_server_reach_into_web(tmp_path):
+    modules = plant(
+        tmp_path,
+        {
+            "speech/server/websocket.py": "from ..web import consumers\nfrom . import budget\n",
+            "speech/server/budget.py": "def f():\n    from speech.control.signals import send\n",
+            "speech/web/consumers.py": "",
+            "speech/control/signals.py": "",
+        },
+    )
+    assert server_reaching_up(graph(modules)) == [
+        ("speech.server.budget", "speech.control.signals"),
+        ("speech.server.websocket", "speech.web.consumers"),
+    ]

@@ -1,9 +1,10 @@
 """One speech session's state machine, in plain asyncio: it knows nothing of Channels.
 
-A transport (the consumer, or a test's recorder) feeds it client frames with `receive_text` /
-`receive_bytes` and gives it three coroutines to talk back: `send_json`, `send_bytes`,
-`close(code)`. Handling a frame only parses, checks and enqueues; synthesis and delivery run in
-the pipeline's tasks, so frames are handled at once even while audio is being produced.
+Its adapter (the consumer, or a test) feeds it client frames with `receive_text` /
+`receive_bytes`, and its Transport (the server's connection, or a test's recorder) gives it three
+coroutines to talk back: `send_json`, `send_bytes`, `close(code, audio_ahead_s)`. Handling a frame
+only parses, checks and enqueues; synthesis and delivery run in the pipeline's tasks, so frames are
+handled at once even while audio is being produced.
 
 States: AWAITING_CONFIG -> ACTIVE -> DRAINING (after input.done) -> CLOSED.
 """
@@ -144,11 +145,6 @@ class SpeechSession:
         """The client is gone: the engine drops the session's work now, before the session's teardown."""
         if self.pipeline is not None:
             self.pipeline.abandon()
-
-    def audio_ahead_s(self) -> float | None:
-        """Seconds of audio sent that the client has not played yet (Pipeline.audio_ahead_s); None
-        before session.config."""
-        return self.pipeline.audio_ahead_s() if self.pipeline is not None else None
 
     # -- client frames -------------------------------------------------------------------------
     async def receive_text(self, raw: str) -> None:
@@ -323,7 +319,7 @@ class SpeechSession:
         if close_code is not None:
             self.state = State.CLOSED
             self.closed.set()
-            await self.transport.close(close_code)
+            await self.transport.close(close_code, self.pipeline.audio_ahead_s() if self.pipeline is not None else 0.0)
         if outcome in (OUTCOME_DISCONNECTED, OUTCOME_TERMINATED):
             self.state = State.CLOSED
             self.closed.set()
