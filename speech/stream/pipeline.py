@@ -155,7 +155,11 @@ class Pipeline:
             if job.producer is None:
                 self.queued_chars -= len(job.text)
                 if len(job.text) <= self.max_segment_chars:
-                    job.stream = start_segment(self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps)
+                    # The listener has no audio in hand: the engine sends the first words first.
+                    waiting = not self._flowing or self.audio_ahead_s() == 0
+                    job.stream = start_segment(
+                        self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps, first_words=waiting
+                    )
                 job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
 
     def _started(self, job: Job) -> None:
