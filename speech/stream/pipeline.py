@@ -155,8 +155,8 @@ class Pipeline:
             if job.producer is None:
                 self.queued_chars -= len(job.text)
                 if len(job.text) <= self.max_segment_chars:
-                    # The listener has no audio in hand: the engine sends the first words first.
-                    waiting = not self._flowing or self.audio_ahead_s() == 0
+                    # A streaming listener with no audio in hand: the engine sends the first words first.
+                    waiting = self.config.stream_audio and (not self._flowing or self.audio_ahead_s() == 0)
                     job.stream = start_segment(
                         self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps, first_words=waiting
                     )
