@@ -59,7 +59,10 @@ class Pieces:
         return self.total_steps >= FIRST_STEPS + MIN_REST_STEPS
 
     def _window(self, start, end):
-        return [o[0] for o in self._back.run(None, {name: f[:, :, start:end] for name, f in zip(FEATURES, self._features, strict=True)})]
+        return [
+            o[0]
+            for o in self._back.run(None, {name: f[:, :, start:end] for name, f in zip(FEATURES, self._features, strict=True)})
+        ]
 
     def whole(self) -> np.ndarray:
         return self._vocoder.push(self._window(0, self.total_steps), final=True)
@@ -76,7 +79,7 @@ class Pieces:
         out = self._window(start, self.total_steps)
         skip = (FIRST_STEPS - start) * STEP_FRAMES - BLEND_FRAMES
         out = [o[..., skip:] for o in out]
-        fade = ((np.arange(BLEND_FRAMES, dtype=np.float32) + 0.5) / BLEND_FRAMES)
+        fade = (np.arange(BLEND_FRAMES, dtype=np.float32) + 0.5) / BLEND_FRAMES
         for name, new, old in zip(OUTPUTS, out, self._held, strict=True):
             head = new[..., :BLEND_FRAMES]
             if name == "phi":  # phases: blended on the circle

@@ -17,7 +17,6 @@ beyond the socket's buffers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -30,13 +29,15 @@ from .. import metrics
 from ..audio.codecs import RAW_FORMATS, STREAMED_FORMATS, EncodingError, RawEncoder, encode_file
 from ..audio.streaming import StreamedAudio
 from ..engines.base import Alignment
+from .announce import Announcer
 from .contexts import Context, Contexts
-from .errors import SpeechError, bad_request, server_error
-from .events import AudioDone, AudioStart, AudioTimestamps, ContextDone, Word
-from .frames import FIRST_FRAME_S, FRAME_S, first_frame_samples, frame_sizes
+from .errors import SpeechError, server_error
+from .events import ContextDone
+from .frames import FIRST_FRAME_S, FRAME_S, frame_sizes
 from .job import END, Job
-from .render import render_segment, start_segment
-from .utterance import Utterance, WordTime
+from .producer import Producer
+from .render import start_segment
+from .utterance import Utterance
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -74,7 +75,7 @@ class Pipeline:
         # are its model's own (what was heard, on a cancel).
         self.timestamps = config.timestamps or engine.capabilities.aligns
         self.jobs: deque[Job] = deque()
-        self.sentences = 0  # sentence indexes given so far
+        self.announce = Announcer(transport, config, session_id)  # segment events, sentence indexes
         self.queued_chars = 0  # text of segments whose synthesis has not started
         self.bytes_sent = 0  # audio bytes of the whole session
         self.first_audio_s: float | None = None  # the session's first segment: queued -> first audio frame sent
@@ -100,6 +101,11 @@ class Pipeline:
     def total_sentences(self) -> int:
         """Segments accepted and not dropped: announced ones plus those still waiting."""
         return self.sentences + sum(1 for job in self.jobs if not job.announced)
+
+    @property
+    def sentences(self) -> int:
+        """Sentence indexes given so far."""
+        return self.announce.sentences
 
     def enqueue(self, text: str, context: Context | None = None) -> None:
         """Queue a segment of `context` (the default one if None): after that context's segments,
@@ -160,59 +166,13 @@ class Pipeline:
                     job.stream = start_segment(
                         self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps, first_words=waiting
                     )
-                job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
+                producer = Producer(job, self.engine, self.config, self.max_segment_chars, self._started)
+                job.producer = asyncio.create_task(producer.run(self.session_id), name=f"{self.session_id}-synth")
 
     def _started(self, job: Job) -> None:
         if not job.started:
             job.started = True
             self._start_producers()
-
-    async def _produce(self, job: Job) -> None:
-        # A streamed segment with audio counts as started once its first frame is sent (_send_audio);
-        # anything else once it has audio, or when it ends.
-        streamed_audio = False
-        stream, job.stream = job.stream, None  # the producer owns it now: closed with render_segment's
-        try:
-            if len(job.text) > self.max_segment_chars:
-                raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
-            # Streamed raw audio is encoded here, as it is made: a held session's queued chunks
-            # then take 2 bytes a sample (1 for G.711), not float32's 4.
-            encoder = self._stream_encoder()
-            segment = render_segment(self.engine, self.config, job.text, job.ticket, stream)
-            async with contextlib.aclosing(segment) as audio:
-                async for chunk in audio:
-                    if isinstance(chunk, Alignment):
-                        job.chunks.put_nowait(chunk)
-                        continue
-                    if chunk.size and encoder is not None and not streamed_audio:
-                        chunk = await self._first_frame_first(job, encoder, chunk)
-                    if chunk.size:
-                        job.chunks.put_nowait(encoder.encode(chunk) if encoder else chunk)
-                        streamed_audio = self.config.stream_audio  # raw, or coded in delivery (_stream_coded)
-                    if not self.config.stream_audio:
-                        self._started(job)
-        except SpeechError as exc:
-            job.chunks.put_nowait(exc)
-        except EncodingError as exc:
-            job.chunks.put_nowait(server_error(str(exc)))
-        except Exception:
-            logger.exception("synthesis failed for a segment of %s", self.session_id)
-            job.chunks.put_nowait(server_error("speech synthesis failed"))
-        finally:
-            job.chunks.put_nowait(END)
-            if not streamed_audio:
-                self._started(job)
-
-    async def _first_frame_first(self, job: Job, encoder: RawEncoder, chunk: np.ndarray) -> np.ndarray:
-        """Queue the segment's first frame alone and let delivery send it before the rest of the chunk is
-        encoded: encoding a whole sentence first stood between the engine's audio and the first
-        frame (bench/RESULTS.md). Returns the rest of the chunk."""
-        head = first_frame_samples(self.rate)
-        if chunk.size <= head:
-            return chunk
-        job.chunks.put_nowait(encoder.encode(chunk[:head]))
-        await asyncio.sleep(0)
-        return chunk[head:]
 
     async def _deliver_all(self) -> None:
         try:
@@ -248,45 +208,6 @@ class Pipeline:
             await self.transport.send_json(ContextDone(context_id=context.id, total_sentences=context.sentences).dump())
         self.contexts.close(context)
 
-    def _announce(self, job: Job) -> None:
-        job.index = self.sentences
-        self.sentences += 1
-
-    def _id(self, job: Job) -> str:
-        return f"{self.session_id}-{job.index}"
-
-    async def _start(self, job: Job) -> None:
-        self._announce(job)
-        await self.transport.send_json(
-            AudioStart(
-                id=self._id(job),
-                sentence_index=job.index,  # type: ignore[arg-type]  # _announce() set it
-                context_id=job.context.id,
-                sentence_text=job.text,
-                format=self.config.response_format,
-                sample_rate=self.rate,
-            ).dump()
-        )
-
-    async def _timestamps(self, job: Job, alignment: Alignment) -> None:
-        """Keep the words' delivered times (what was heard, on a cancel) and send them when asked for:
-        after audio.start, before the audio they describe."""
-        words = [WordTime(w.char_start, w.char_end, int(w.start_s * 1000), int(w.end_s * 1000)) for w in alignment.words]
-        job.words = (job.words or []) + words
-        if not self.config.timestamps:
-            return
-        if not job.announced:
-            await self._start(job)
-        await self.transport.send_json(
-            AudioTimestamps(
-                id=self._id(job),
-                sentence_index=job.index,  # type: ignore[arg-type]  # announced above
-                context_id=job.context.id,
-                words=[Word(word=job.text[w.char_start : w.char_end], **vars(w)) for w in words],
-                estimated=True if alignment.estimated else None,
-            ).dump()
-        )
-
     async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
         first = job.bytes_sent == 0
         await self.transport.send_bytes(data)
@@ -310,12 +231,6 @@ class Pipeline:
             self._flowing = True
             self._started(job)
 
-    def _stream_encoder(self) -> RawEncoder | None:
-        """Streamed raw audio is encoded by the producer; compressed audio by delivery (_stream_coded)."""
-        if self.config.stream_audio and self.config.response_format in RAW_FORMATS:
-            return RawEncoder(self.config.response_format, self.rate)
-        return None
-
     async def _deliver(self, job: Job) -> None:
         fmt, streaming = self.config.response_format, self.config.stream_audio
         raw = RawEncoder(fmt, self.rate) if fmt in RAW_FORMATS else None
@@ -329,7 +244,7 @@ class Pipeline:
                 continue
             elif isinstance(item, Alignment):
                 if streaming:
-                    await self._timestamps(job, item)
+                    await self.announce.timestamps(job, item)
                 else:
                     alignments.append(item)
             elif self._coder is not None:
@@ -354,29 +269,19 @@ class Pipeline:
             except EncodingError as exc:
                 failure = server_error(str(exc))
             else:
-                await self._start(job)
+                await self.announce.start(job)
                 for alignment in alignments:
-                    await self._timestamps(job, alignment)
+                    await self.announce.timestamps(job, alignment)
                 await self._send_audio(job, data, samples.size / self.rate)
         if failure is not None or not job.announced:
             failure = failure or server_error("the engine produced no audio for this segment")
-            partial = job.bytes_sent > 0
-            if not job.announced:
-                self._announce(job)
-            await self.transport.send_json(
-                failure.event(
-                    id=self._id(job),
-                    sentence_index=job.index,
-                    context_id=job.context.id,
-                    partial_audio=True if partial else None,
-                )
-            )
-        await self._done(job, error=failure is not None, cancelled=False)
+            await self.announce.failed(job, failure)
+        await self.announce.done(job, error=failure is not None, cancelled=False)
 
     async def _stream(self, job: Job, width: int, data: bytes) -> None:
         """Send one encoded chunk as binary frames (frames.py)."""
         if not job.announced:
-            await self._start(job)
+            await self.announce.start(job)
         at = 0
         for size in frame_sizes(len(data), width, self.rate, first=job.bytes_sent == 0, room=self.transport.send_room):
             await self._send_audio(job, data[at : at + size], size / width / self.rate)
@@ -386,27 +291,13 @@ class Pipeline:
         """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames as the session's encoder
         makes them (speech/audio/streaming.py): a cancel stops it within one frame."""
         if not job.announced:
-            await self._start(job)
+            await self.announce.start(job)
         async for data, seconds in self._coder.frames(samples):  # type: ignore[union-attr]
             await self._send_coded(job, data, seconds)
 
     async def _send_coded(self, job: Job, data: bytes, seconds: float) -> None:
         await self._send_audio(job, data, seconds)
         self._coder.sent()  # type: ignore[union-attr]
-
-    async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
-        job.done_sent = True
-        job.context.utterance.add(job.record(complete=not (error or cancelled)))
-        await self.transport.send_json(
-            AudioDone(
-                id=self._id(job),
-                sentence_index=job.index,  # type: ignore[arg-type]  # only announced jobs end
-                context_id=job.context.id,
-                total_bytes=job.bytes_sent,
-                error=error,
-                cancelled=cancelled,
-            ).dump()
-        )
 
     async def _stop(self, context: Context | None = None) -> list[Job]:
         """Stop the segments of `context` (all if None), engine work included, and forget them. The
@@ -451,7 +342,7 @@ class Pipeline:
         jobs = [job for job in await self._stop(context) if not job.done_sent]
         for job in jobs:
             if job.announced:
-                await self._done(job, error=False, cancelled=True)
+                await self.announce.done(job, error=False, cancelled=True)
             else:
                 job.context.sentences -= 1
         self._start_producers()
