@@ -9,6 +9,9 @@ the GIL, so a small pool of threads, one intra-op thread each, uses the cores.
 Word timings are the model's own phoneme durations (speech.engines.hibari_align), mapped to the words
 of the request's text through Hibari's text path (speech.engines.hibari_words), which this engine
 runs instead of `Hibari.phonemize` (the same phonemes) whether timings are asked for or not.
+
+When the listener waits with no audio (`SynthesisRequest.first_words`), a segment's first sentence
+comes in two pieces, the first sent before the rest is rendered (speech.engines.hibari_pieces).
 """
 
 from __future__ import annotations
@@ -156,7 +159,9 @@ class HibariEngine(Engine):
             timing = alignment(plan, part, steps, kept, sound, offset, rate) if request.timestamps else None
         else:
             sent, start, sound_start, gain, early = first
-            kept = (start, max(kept[1], sent))
+            # Never shorter than the first piece, nor than the words it timed said (times never pass the end).
+            said = start + int(np.ceil(early[-1].end_s * rate)) if early else 0
+            kept = (start, min(raw.size, max(kept[1], sent, said)))
             sound = (sound_start, raw.size if sound is None else sound[1])
             samples = audio.normalise(audio.trim_silence(raw, rate, kept)[sent - start :], gain)
             timing = None
