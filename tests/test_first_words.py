@@ -15,11 +15,12 @@ import threading
 import numpy as np
 import pytest
 
-from speech.engines.base import Alignment, SynthesisRequest
+from speech.engines.base import Alignment
 from speech.engines.fake import FakeEngine
 from speech.engines.hibari import HibariEngine
 from speech.engines.hibari_pieces import Vocoder
 
+from .test_hibari_align import speak
 from .test_session import drain
 
 RATE = 24000
@@ -27,31 +28,18 @@ SENTENCE = "The quick brown fox jumps over the lazy dog while the farmer watches
 HOP = 300
 
 
-@pytest.fixture(scope="module")
-def engine():
-    engine = HibariEngine(workers=1)
-    asyncio.run(engine.warm_up())
-    yield engine
-    asyncio.run(engine.aclose())
-
-
 def render(engine, text, **fields):
     """The segment's audio chunks (float32) and its word timings."""
-
-    async def run():
-        request = SynthesisRequest(text, engine.capabilities.default_voice, options={"seed": 3}, timestamps=True, **fields)
-        return [item async for item in engine.stream(request)]
-
-    items = asyncio.run(run())
+    items = [item for item, _ in speak(engine, text, options={"seed": 3}, timestamps=True, **fields)]
     chunks = [item for item in items if not isinstance(item, Alignment)]
     words = [word for item in items if isinstance(item, Alignment) for word in item.words]
     return chunks, words
 
 
-def test_the_vocoder_in_pieces_makes_the_samples_of_one_call(engine):
+def test_the_vocoder_in_pieces_makes_the_samples_of_one_call(hibari):
     from hibari import dsp
 
-    tts = engine._models[engine.capabilities.default_voice]
+    tts = hibari._models[hibari.capabilities.default_voice]
     ids = tts.ids(tts.phonemize(SENTENCE)[0])
     out = [o[0] for o in tts.sess.run(None, {"ids": np.asarray([ids]), "speed": np.asarray([1.0], np.float32)})[:6]]
     out[2] = np.full_like(out[2], -50.0)  # no noise: the rest is deterministic
@@ -64,9 +52,9 @@ def test_the_vocoder_in_pieces_makes_the_samples_of_one_call(engine):
         assert np.allclose(np.concatenate((head, tail)), whole, atol=1e-6)
 
 
-def test_a_first_sentence_in_pieces_joins_without_gap_or_step(engine):
-    whole, whole_words = render(engine, SENTENCE)
-    pieces, words = render(engine, SENTENCE, first_words=True)
+def test_a_first_sentence_in_pieces_joins_without_gap_or_step(hibari):
+    whole, whole_words = render(hibari, SENTENCE)
+    pieces, words = render(hibari, SENTENCE, first_words=True)
     assert len(whole) == 1 and len(pieces) == 2
     joined = np.concatenate(pieces)
     assert joined.size == whole[0].size  # no gap: the same length as rendered whole

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from speech.engines.base import Alignment, SynthesisRequest
-from speech.engines.hibari import HibariEngine
 from speech.engines.hibari_align import STEP_FRAMES, model_with_durations, synthesise
 from speech.engines.hibari_words import normalised, plan
 from speech.engines.text import for_number_reader
@@ -42,11 +41,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = HibariEngine(workers=1)
-    asyncio.run(engine.warm_up())
-    yield engine
-    asyncio.run(engine.aclose())
+def engine(hibari):
+    return hibari
 
 
 def speak(engine, text, **fields):
