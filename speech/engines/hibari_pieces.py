@@ -5,11 +5,12 @@ Hibari's graph is a text encoder and duration predictor on the phoneme ids, a le
 decoder that are convolutions over those steps, and the host's vocoder (`hibari.dsp.synth`). Most
 of the time goes after the regulator (bench/RESULTS.md, "First words first"), so `split_model` cuts
 the graph there: `front` runs once on the whole part, and `back` runs on windows of its steps with
-context on each side (`CONTEXT_STEPS`, about the nets' reach; what lies beyond it changes the
-frames by about as much as the quantised model's own noise). The first window's frames up to
-`FIRST_STEPS` are vocoded and sent; the second window's first frames are blended into the first's
-over `BLEND_FRAMES`, and `Vocoder` goes on from the same pulse phase, noise stream and overlap-add,
-so the pieces join into one signal: no gap, no step.
+`CONTEXT_STEPS` of context on each side. Its output depends a little on what lies further (its
+quantisation is dynamic, per tensor: even the steps at the far end move a frame's spectrum by a few
+percent), and 8 steps of context joined as well as 16 or 24 at half the cost of 16 (bench/RESULTS.md,
+"First words first"). The first window's frames up to `FIRST_STEPS` are vocoded and sent; the second
+window's first frames are blended into the first's over `BLEND_FRAMES`, and `Vocoder` goes on from
+the same pulse phase, noise stream and overlap-add, so the pieces join into one signal: no gap, no step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .hibari_align import DURATIONS, STEP_FRAMES
 FEATURES = ("/Gather_32_output_0", "/Gather_33_output_0")  # the regulated steps: the back net's inputs
 OUTPUTS = ("lh", "theta", "ln", "lr", "phi", "f0")
 FIRST_STEPS = 32  # the first piece: 0.8 s of the model's audio, ~0.3 s of it leading silence
-CONTEXT_STEPS = 16  # steps a window sees past the frames taken from it, each side
+CONTEXT_STEPS = 8  # steps a window sees past the frames taken from it, each side
 BLEND_FRAMES = 8  # frames over which the second window's output takes over from the first's
 MIN_REST_STEPS = 40  # a part with fewer steps after the first piece is rendered whole
 
