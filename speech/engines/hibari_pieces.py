@@ -41,8 +41,8 @@ def split_model(path: str) -> tuple[bytes, bytes]:
 
 class Pieces:
     """One part's audio in two pieces: `first()` then `rest()`, raw (untrimmed, as `hibari.dsp.synth`
-    makes it); together exactly the samples of the whole part. `steps`: each id's steps, as
-    `hibari_align.synthesise` gives them."""
+    makes it), together as long as the part rendered whole (`samples`); or `whole()`. `steps`: each
+    id's steps, as `hibari_align.synthesise` gives them."""
 
     def __init__(self, front, back, ids, speed, rng):
         ids_in = {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)}
