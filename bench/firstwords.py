@@ -10,7 +10,8 @@ bench/throughput.py's paragraph at C = 1, 4, 8 through both servers and the raw 
 audio, last audio, audio seconds per wall second). The reference implementation this server
 replaced is not on this machine: no figures against it.
 
-First, in this process, the quality of the pieces on bench/timestamps_corpus.py's sentences (numbers,
+First, in this process: the engine's own first chunk, whole and in pieces, for the same sentences
+and the paragraph's first; then the quality of the pieces on bench/timestamps_corpus.py's sentences (numbers,
 money, times, dates, abbreviations, names), each rendered by this checkout's engine whole and in
 pieces (`first_words`), with the same seed: at each join, the sample step against the largest step
 within 10 ms around it, and the spectral flux (tests/test_first_words.py's `flux`) against the same
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,7 @@ SECTION = "## First words first (bench/firstwords.py)"
 CONCURRENCY = (1, 4, 8)
 RATE = 24000
 HOP = 300
+ENGINE_ROUNDS = 10
 
 
 async def speed_rounds(args):
@@ -114,6 +117,24 @@ async def quality(count):
         request = SynthesisRequest(text, engine.capabilities.default_voice, options={"seed": 7}, first_words=first_words)
         return [item async for item in engine.stream(request) if not isinstance(item, Alignment)]
 
+    # The engine's own first chunk, whole or in pieces, one request after the other (no server, no client).
+    async def first_chunk(text, first_words):
+        t0 = time.perf_counter()
+        stream = engine.stream(SynthesisRequest(text, engine.capabilities.default_voice, first_words=first_words))
+        try:
+            await anext(stream)
+            return time.perf_counter() - t0
+        finally:
+            await stream.aclose()
+
+    first = {(kind, fw): [] for kind in ("sentence", "paragraph") for fw in (False, True)}
+    one = [s for s in SENTENCES if 32 <= len(s) <= 115]
+    for r in range(ENGINE_ROUNDS):
+        for kind, texts in (("sentence", one), ("paragraph", segments(PARAGRAPH)[:1])):
+            for text in texts:
+                for fw in (False, True) if r % 2 == 0 else (True, False):
+                    first[kind, fw].append(await first_chunk(text, fw))
+
     whisper = load_whisper()
     steps, fluxes, control, loudness, errors, words, split = [], [], [], [], {False: 0, True: 0}, 0, 0
     for text in corpus(count):
@@ -140,6 +161,7 @@ async def quality(count):
         loudness.append(loudness_db(joined) - loudness_db(whole))
     await engine.aclose()
     return {
+        "first": {key: float(np.median(v)) for key, v in first.items()},
         "sentences": count,
         "split": split,
         "steps": steps,
@@ -184,6 +206,16 @@ def report(ttfa, para, sentence_count, q, args):
             f"| paragraph C = {c}, throughput / raw engine | {np.median(o['rate']) / np.median(e['rate']):.3f} | "
             f"{np.median(t['rate']) / np.median(e['rate']):.3f} | {paired_rate:.3f} (rounds paired) | >= 0.95 |"
         )
+    f = q["first"]
+    lines += [
+        "",
+        f"The engine alone (in process, `HibariEngine(workers=1)`, {ENGINE_ROUNDS} rounds, whole and in pieces one "
+        "after the other): first chunk p50, one sentence "
+        f"{f['sentence', False] * 1000:.1f} -> {f['sentence', True] * 1000:.1f} ms "
+        f"({f['sentence', True] / f['sentence', False]:.2f}x), the paragraph's first sentence "
+        f"{f['paragraph', False] * 1000:.1f} -> {f['paragraph', True] * 1000:.1f} ms "
+        f"({f['paragraph', True] / f['paragraph', False]:.2f}x).",
+    ]
     lines += [
         "",
         f"Quality, in process: {q['sentences']} sentences of bench/timestamps_corpus.py, {q['split']} of them "
