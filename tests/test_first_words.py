@@ -22,8 +22,7 @@ from speech.engines.hibari_pieces import Vocoder
 from speech.stream.messages import SessionConfig
 from speech.stream.render import render_segment, start_segment
 
-from .test_hibari_align import speak
-from .test_session import drain
+from .support.engine_items import speak
 
 RATE = 24000
 SENTENCE = "The quick brown fox jumps over the lazy dog while the farmer watches from the porch."
@@ -115,7 +114,8 @@ async def test_the_first_piece_reaches_the_client_while_the_rest_is_held(speech)
         assert received == engine.first_samples * 2
         assert not engine.release.is_set()  # all of the first piece is out, the rest still held
         engine.release.set()
-        items = await drain(s)
+        await s.send({"type": "input.done"})
+        items = await s.t.until_closed()
         rest = sum(len(value) for kind, value in items if kind == "bytes")
         (done,) = [value for kind, value in items if kind == "json" and value["type"] == "audio.done"]
         assert rest > 0 and done["id"] == start["id"] and done["total_bytes"] == received + rest
@@ -135,7 +135,8 @@ async def test_first_words_are_asked_for_while_the_listener_has_no_audio(speech,
     for _ in range(3):
         await s.t.until("audio.done")
     await s.text("Four.")  # a new utterance: delivery ran dry before it
-    items = await drain(s)
+    await s.send({"type": "input.done"})
+    items = await s.t.until_closed()
     assert [value["type"] for kind, value in items if kind == "json"].count("audio.done") == 1
     # Streamed, the first segment of each utterance; the others start while audio of theirs flows. A
     # segment sent as one file gains nothing from pieces.
