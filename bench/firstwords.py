@@ -166,6 +166,7 @@ async def quality(count):
         "split": split,
         "steps": steps,
         "fluxes": fluxes,
+        "control": control,
         "loudness": loudness,
         "wer": {k: v / words for k, v in errors.items()},
         "words": words,
