@@ -68,7 +68,11 @@ def test_the_readme_rows_are_settings_of_the_table_and_say_what_it_says():
     rows = readme_rows()
     assert {"SPEECH_ENGINE", "SPEECH_REQUIRE_API_KEY"} <= set(rows), "the README lists the main settings"
     assert sorted(set(rows) - set(table)) == [], "the README names a setting speech/conf.py does not have"
-    wrong = {name: expected_row(table[name]) for name, cells in rows.items() if cells != (table[name].readme_default, table[name].meaning)}
+    wrong = {
+        name: expected_row(table[name])
+        for name, cells in rows.items()
+        if cells != (table[name].readme_default, table[name].meaning)
+    }
     assert wrong == {}, "the README's rows should be as in speech/conf.py"
 
 

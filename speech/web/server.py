@@ -44,17 +44,14 @@ logger = logging.getLogger(__name__)
 # autotunes up to megabytes (tcp_wmem), which for a client reading at real time is more than a
 # minute of audio queued in front of every ping and close frame: daphne's ping timeout and
 # autobahn's close handshake would then drop the connection with a reset, and a reset discards the
-# audio the client has not read yet. 64 KiB (+ Twisted's 64 KiB) is about 2.7 s of 24 kHz audio and
-# still 1 GB/s at loopback and 25x real time for 48 kHz at 50 ms round trips.
+# audio the client has not read yet. 64 KiB (+ Twisted's 64 KiB) holds a few seconds of audio and still
+# streams far faster than real time at internet round trips (docs/decisions.md#delivery-frames-and-writes).
 SEND_BUFFER_BYTES = 64 * 1024
 
 # How long a thread that wants the GIL waits before the thread holding it must let go (Python's
 # default: 5 ms). A handshake or a frame that arrives while a synthesis thread runs Python (G2P) or
-# the registry's writer builds its batch waited up to that long. At 0.5 ms: session.configured p50
-# 1.3-1.45 -> 0.9 ms and p99 4.3-5.4 -> 3.5-4.0 ms with channels-redis (bench/handshake.py, two
-# runs each); aggregate throughput and first audio per session at C = 4 and 8 unchanged (14
-# interleaved rounds of bench/throughput.py's paragraph: 0.87 / 0.97 of the engine and 1.10x / 1.17x
-# at 5 ms, 0.87 / 0.97 and 1.10x / 1.17x at 0.5 ms).
+# the registry's writer builds its batch waited up to that long; shorter, handshakes are quicker and
+# synthesis is no slower (docs/decisions.md#the-event-loop-kept-short).
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 # On SIGTERM, how long the process waits for the clients of the sessions it ended to answer their close
@@ -71,11 +68,10 @@ class SpeechServer(Server):
     _sweeping = None  # the registry sweep's task (speech/control/sweep.py)
 
     def run(self):
-        # The application is imported and its engine warmed up by now: about 110,000 objects that live
-        # as long as the process. A full collection of the garbage collector walks them all, 40-60 ms
-        # with the event loop stopped (bench/handshake.py saw ~100 ms handshakes every few seconds);
+        # The application is imported and its engine warmed up by now: objects that live as long as the
+        # process. A full collection of the garbage collector walks them all with the event loop stopped;
         # frozen, they are left out of every collection, and so are the sessions that stay open
-        # (speech/web/collector.py).
+        # (speech/web/collector.py; docs/decisions.md#the-event-loop-kept-short).
         # The event loop shares the GIL with the synthesis threads (G2P and numpy between onnxruntime
         # calls) and the registry's writer: see GIL_SWITCH_INTERVAL_S.
         collector.install()

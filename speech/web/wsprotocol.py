@@ -101,7 +101,7 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         (`sendmsg`) instead of being joined first. The application calls this through its FlowControl
         (speech/web/flowcontrol.py), not through Channels' `send`, daphne's `handle_reply` and
         `serverSend` and autobahn's `sendMessage` and `sendFrame`, which do nothing more for an open
-        connection: the event loop's CPU per audio second fell 9 % (bench/compare.py, C = 4 and 8).
+        connection and cost the event loop CPU for every frame (docs/decisions.md#delivery-frames-and-writes).
         Raises autobahn's Disconnected once the connection is not open, as `sendMessage` does, and when it
         finds the connection gone (`_to_transport`)."""
         if self.state != self.STATE_OPEN or self.speech_gone:
