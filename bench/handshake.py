@@ -19,7 +19,7 @@
 (4) Handshakes beside many open sessions: 20 at once (connect -> `session.configured`) on a server
     holding `--idle` idle sessions and on one holding none, alternating burst by burst (in-memory layer).
     With --gc-trace both servers record their garbage collections (bench/gctrace/sitecustomize.py),
-    reported beside (speech/web/collector.py). --idle-only runs this part alone; --root runs the servers
+    reported beside (speech/server/collector.py). --idle-only runs this part alone; --root runs the servers
     of another checkout (the code before a change).
 
 Targets (issues 10, 11 and 46): configured p50 <= 1.5 ms, p99 <= 3 ms; 20 at once p50 <= 10 ms; the group
@@ -321,7 +321,7 @@ def idle_part(env, args):
         f"while the next bursts run), {args.rounds} bursts on each of two servers (in-memory layer, engine {args.engine}), "
         f"alternating after {WARM_UP} warm-up bursts: one holds {args.idle} idle sessions, the other none. Target: p99 "
         "beside them <= 2x p99 beside none. --gc-trace: each server's collections during the bursts (generation 2: "
-        "speech/web/collector.py, docs/decisions.md)."
+        "speech/server/collector.py, docs/decisions.md)."
     )
     lines = [*header(IDLE_SECTION, command), f"* Run time: {time.monotonic() - started:.0f} s{code}", about, "", report]
     return "\n".join([*lines, "", f"* {verdict}", ""])

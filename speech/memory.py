@@ -12,8 +12,8 @@ memory after a burst was glibc's malloc, in two ways:
 Fixing the threshold low (`mallopt(M_MMAP_THRESHOLD)`) would keep large blocks out of the heap, but
 it made Hibari's synthesis slower (its inference buffers are then mapped, zero-filled and unmapped on
 every call: docs/decisions.md#memory-the-handshake-budget-and-memory-after-load). So the server only
-trims: after large frames are freed
-(speech/web/budget.py) and when the server has gone quiet (speech/web/server.py), at most once a second,
+trims: after large frames are freed (speech/server/budget.py) and when the server has gone quiet
+(speech/server/launcher.py), at most once a second,
 in a thread (a trim walks the heaps under their locks; it never runs on the event loop).
 On a C library without these calls (musl, macOS) all of this is a no-op.
 

@@ -6,7 +6,7 @@ str and queues it for the application, which parses it in a thread. A burst of s
 grew a process by their size several times over (docs/decisions.md#memory-the-handshake-budget-and-memory-after-load).
 So memory is reserved where it is first spent:
 
-* the WebSocket protocol (speech/web/wsprotocol.py, plugged in by speech/web/server.py) reserves
+* the WebSocket protocol (speech/server/websocket.py, plugged in by speech/server/launcher.py) reserves
   `FRAME_COST_FACTOR` x the length a frame header announces, before any of its payload is read; when
   the budget cannot take it the connection gets the capacity error and close 4013 and the payload is
   discarded as it arrives. The reservation travels with the frame to the application (`Reservation`,
