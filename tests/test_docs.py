@@ -141,4 +141,3 @@ def test_the_code_points_only_to_decisions_that_exist():
         for anchor in re.findall(r"docs/decisions\.md#([\w\-]+)", path.read_text())
     }
     assert {(where, anchor) for where, anchor in pointers if anchor not in known} == set()
-
