@@ -13,7 +13,13 @@ from daphne.ws_protocol import WebSocketProtocol
 
 from speech.server import patches
 from speech.server.launcher import SpeechServer  # what manage.py serve runs: it imports every patch
-from speech.server.patches import autobahn_debug_log, daphne_backpressure, daphne_shutdown, uvloop_closed_handle
+from speech.server.patches import (
+    autobahn_debug_log,
+    daphne_backpressure,
+    daphne_shutdown,
+    daphne_timeout_passes,
+    uvloop_closed_handle,
+)
 from speech.server.websocket import SpeechWebSocket
 
 
@@ -27,6 +33,7 @@ def test_every_patch_module_is_applied_and_names_what_it_works_around():
         autobahn_debug_log.__name__,
         daphne_backpressure.__name__,
         daphne_shutdown.__name__,
+        daphne_timeout_passes.__name__,
         uvloop_closed_handle.__name__,
     }
     assert [module.__name__ for module in modules if not module.applied()] == []
@@ -44,9 +51,15 @@ def test_each_check_sees_its_patch_undone(monkeypatch):
         undone.setattr(SpeechServer, "kill_all_applications", Server.kill_all_applications)
         assert not daphne_shutdown.applied()
     with monkeypatch.context() as undone:
+        undone.setattr(SpeechServer, "timeout_checker", Server.timeout_checker)
+        assert not daphne_timeout_passes.applied()
+    with monkeypatch.context() as undone:
         undone.setattr(SpeechWebSocket, "sendData", WebSocketProtocol.sendData)
         assert not uvloop_closed_handle.applied()
-    assert all(module.applied() for module in (autobahn_debug_log, daphne_backpressure, daphne_shutdown, uvloop_closed_handle))
+    assert all(
+        module.applied()
+        for module in (autobahn_debug_log, daphne_backpressure, daphne_shutdown, daphne_timeout_passes, uvloop_closed_handle)
+    )
 
 
 def test_applying_twice_wraps_autobahns_formatters_once():

@@ -9,6 +9,7 @@ server waits for every session to end (each sends its error event and closes 400
 clients answer the close (or SHUTDOWN_CLOSE_WAIT_S), for the project's own stop (`Lifecycle`, given by
 `manage.py serve`: speech/web/lifecycle.py), which it also starts when the reactor runs.
 
+daphne's timeout and keepalive check runs in passes (speech/server/patches/daphne_timeout_passes.py).
 Its WebSocket connections meter large frames against the process's budget from their header on
 (speech/server/websocket.py, speech/server/budget.py), and once no WebSocket has been open for a few
 seconds, freed memory is returned if a burst left some (speech.memory).
@@ -30,6 +31,7 @@ from .. import memory
 from .collector import collector
 from .patches.daphne_backpressure import ConnectionInScope
 from .patches.daphne_shutdown import CancelStartedApplications
+from .patches.daphne_timeout_passes import TimeoutPasses
 from .websocket import SpeechWebSocket
 
 logger = logging.getLogger(__name__)
@@ -55,7 +57,7 @@ class Lifecycle(Protocol):
         """Every session has ended; runs while their clients answer the close."""
 
 
-class SpeechServer(CancelStartedApplications, ConnectionInScope, Server):
+class SpeechServer(CancelStartedApplications, ConnectionInScope, TimeoutPasses, Server):
     def __init__(self, *args, lifecycle: Lifecycle, **kwargs):
         super().__init__(*args, **kwargs)
         self.lifecycle = lifecycle
