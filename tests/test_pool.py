@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from speech.engines import abandoning
 from speech.engines import pool as pool_module
 from speech.engines.pool import CURRENT, SynthesisPool, Ticket, release_point
 
@@ -608,7 +609,7 @@ async def test_a_discarded_running_jobs_thread_yields_its_core_to_the_next_job_a
 
     new_thread, new_core = await asyncio.wait_for(pool.run(where), GUARD_S)
     assert new_thread is not thread and new_core == core
-    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == pool_module.LOWEST_NICE
+    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == abandoning.LOWEST_NICE
     for gate in gates:
         gate.release.set()
     await asyncio.to_thread(thread.join, GUARD_S)
@@ -678,3 +679,46 @@ def test_the_process_exits_cleanly_while_a_synthesis_thread_is_in_a_models_run()
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", EXIT_PROBE], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (0, "exiting"), done.stderr[-2000:]
+
+
+async def test_a_job_queued_for_an_abandoned_segment_never_waits(pools, outcomes):
+    """A segment whose listener has gone queues nothing more: the job is dropped as it is submitted,
+    told with JobAbandoned, and never holds a place in the queue."""
+    pool = pools(1)
+    gates, blockers = await busy(pool)
+    left = Ticket()
+    left.abandon()
+    order = Order()
+    job = pool.submit(order.job("late"), ticket=left)
+    assert pool.depth == 0
+    with pytest.raises(pool_module.JobAbandoned):
+        await asyncio.wait_for(pool.wait(job), GUARD_S)
+    await release(gates, blockers)
+    assert order.ran == [] and outcomes.count("dropped") == 1
+
+
+async def test_hang_ups_read_in_one_turn_drop_their_queued_jobs_before_a_freed_thread_takes_one(pools, outcomes):
+    """Several clients leave in one turn of the event loop: a thread that finishes its job while that
+    turn goes on does not take the next waiting job, which may belong to a client whose hang-up is
+    still to be read in the same turn; it waits for the dispatch after the turn."""
+    pool = pools(1)
+    gate = Gate()
+    running = pool.submit(gate)
+    await wait_started(gate)
+    later = Gate()
+    left = Ticket()
+    queued = pool.submit(later, ticket=left)
+    try:
+        # One turn of the loop, no await: a first client's hang-up, the running job ends, then the next hang-up.
+        Ticket().abandon()
+        gate.release.set()
+        assert _wait_for(lambda: later.started.is_set() or pool._idle), "the thread neither took the job nor idled"
+        left.abandon()
+    finally:
+        later.release.set()
+    with pytest.raises(pool_module.JobAbandoned):
+        await asyncio.wait_for(pool.wait(queued), GUARD_S)
+    await asyncio.wait_for(pool.wait(running), GUARD_S)
+    assert not later.ran
+    assert outcomes == ["completed", "dropped"]
+    assert await asyncio.wait_for(pool.run(lambda: "next"), GUARD_S) == "next"  # the idle thread serves on

@@ -21,7 +21,7 @@ from speech.audio import signal as audio
 from speech.engines import EngineBusy
 from speech.engines.fake import FakeEngine
 
-from .conftest import CHUNK_BYTES, LIMITS, SESSION_ID_RE, dumps, limits, other_tasks
+from .conftest import CHUNK_BYTES, HANG_GUARD_S, LIMITS, SESSION_ID_RE, dumps, limits, other_tasks
 from .support.heard import without_heard
 from .support.recorder import check_segment_order
 
@@ -419,6 +419,29 @@ async def test_cancel_mid_segment(speech):
     assert segments[1][0]["id"] == f"{sid}-1" and segments[1][0]["sentence_text"] == "Next one."
     assert segments[1][2] == audio_done(sid, 1, 3 * CHUNK_BYTES)
     assert items[-2][1]["total_sentences"] == 2
+    await s.finish()
+
+
+async def test_after_the_client_has_gone_no_further_segment_is_started(speech):
+    """`Pipeline.abandon` (the connection is lost, before the session's teardown): the segments'
+    synthesis stops at once, and a segment whose delivery ends afterwards starts none of those behind it."""
+    engine = FakeEngine(chunks=2, hold=True)
+    s = await speech(engine, stream_audio=True)
+    await s.text("First one. Second one. Third one. ")
+    await s.t.event("audio.start", sentence_index=0)
+    await s.t.binary()  # the look-ahead starts with the first frame
+
+    async def requested(n):
+        while len(engine.requests) < n:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(requested(2), HANG_GUARD_S)
+    s.session.pipeline.abandon()
+    done = await s.t.until("audio.done")  # both streams are stopped; delivery goes on to the second segment
+    while done[-1][1]["sentence_index"] != 1:
+        done = await s.t.until("audio.done")
+    assert engine.running == 0 and engine.aborted == 2
+    assert [r.text for r in engine.requests] == ["First one.", "Second one."]
     await s.finish()
 
 

@@ -22,7 +22,7 @@ from ..audio import signal as audio
 from . import hibari_words
 from .base import Alignment, Capabilities, Engine, EngineError, SynthesisRequest, WordTiming
 from .hibari_align import alignment, model_with_durations, synthesise
-from .pool import SynthesisPool, release_point
+from .pool import JobAbandoned, SynthesisPool, release_point
 from .stopping import StoppableSession
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class HibariEngine(Engine):
         would only repeat Hibari's internals."""
         try:
             return await job
-        except EngineError:
+        except (EngineError, JobAbandoned):  # JobAbandoned: its listener left, nothing failed
             raise
         except Exception as exc:
             logger.warning("hibari failed on a segment: %s: %s", type(exc).__name__, exc)

@@ -38,13 +38,7 @@ Nothing is refused here: a job a session has accepted waits its turn. Overload i
 is accepted: a handshake or a REST request is refused while `estimated_wait` is over
 SPEECH_MAX_QUEUE_WAIT_S.
 
-A job whose listener is gone frees the engine at once: `Ticket.abandon` (the pipeline's, on a cancel, or
-when the connection is lost) or the awaiting task cancelled. Its waiting jobs are dropped unrun; a
-running one gives its place away at once and stops at its next step (`stoppable`: ONNX Runtime's
-terminate flag; `JobAbandoned` at its next release point), its thread at the lowest CPU priority until
-it leaves the pool; the next waiting job starts on a new thread on the same core once the event loop's
-turn is over, when that turn's hang-ups are all known
-(docs/decisions.md#a-hang-up-frees-the-engine-at-once-2026-12-06).
+A job whose listener is gone frees the engine at once: speech/engines/abandoning.py.
 
 Every job that runs is timed into two histograms of speech/metrics.py (its wait for a thread, its run on
 one), and every job's end is counted by outcome (`speech_engine_jobs_total`): completed, failed, dropped
@@ -67,7 +61,6 @@ from .jobs import (
     CURRENT,
     DONE,
     RUNNING,
-    WAITING,
     Job,
     JobAbandoned,
     Ticket,
@@ -79,7 +72,8 @@ from .jobs import (
     release_point,
     stoppable,
 )
-from .threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
+from .abandoning import Abandoning
+from .threads import place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
@@ -102,7 +96,7 @@ class _Worker:
         self.retired = False
 
 
-class SynthesisPool:
+class SynthesisPool(Abandoning):
     def __init__(self, workers, name, *, release_points=False):
         self.workers = workers
         self.release_points = release_points  # the jobs call release_point() before their model runs
@@ -117,6 +111,7 @@ class SynthesisPool:
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._closed = False
+        self._settling = False  # hang-ups of this turn of the event loop are being read: no job is taken
         self._seq = itertools.count()
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
@@ -150,6 +145,8 @@ class SynthesisPool:
         """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
         for its result, or `discard` it."""
         job = Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        if ticket.abandoned:  # its listener has gone already: it never waits
+            return self._drop_unqueued(job)
         with self._lock:
             if self._closed:  # the job can never run
                 job.future.set_exception(RuntimeError("synthesis pool is shut down"))
@@ -166,62 +163,6 @@ class SynthesisPool:
         except asyncio.CancelledError:
             self.discard(job)
             raise
-
-    def discard(self, job):
-        """Nobody wants the job's result: a waiting job is dropped; a running one gives its place to the next
-        waiting job at once, its thread demoted to the lowest priority until it stops (at its next release
-        point, or its end) and leaves. Its future is cancelled, so its result or error is handed to no one."""
-        with self._lock:
-            freed = self._let_go(job)
-        job.future.cancel()
-        if freed:
-            self._dispatch_soon()
-
-    def abandon(self, ticket):
-        """`Ticket.abandon`'s work here: every job of `ticket` is let go (as `discard` does), its awaiting
-        task told with JobAbandoned."""
-        with self._lock:
-            jobs = [job for job in (*self._waiting, *self._active) if job.ticket is ticket]
-            freed = [self._let_go(job) for job in jobs]
-        for job in jobs:
-            post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
-        if any(freed):
-            self._dispatch_soon()
-
-    def _dispatch_soon(self):
-        """Start waiting jobs on freed places once this turn of the event loop is over: when several
-        clients hang up together, their disconnects come in one turn, and a place freed by the first
-        would otherwise go to a waiting job of the next one to leave, on a thread of its own."""
-        try:
-            asyncio.get_running_loop().call_soon(self._dispatch)
-        except RuntimeError:  # not on an event loop: now
-            self._dispatch()
-
-    def _let_go(self, job):
-        """Under the lock: drop `job` if it waits; if it runs, free its place and retire its thread. True
-        when a place was freed."""
-        if job.state == WAITING and job in self._waiting:
-            self._waiting.remove(job)
-            job.state = DONE
-            metrics.engine_job_end("dropped")
-        elif job.state == RUNNING:
-            job.state = ABANDONED
-            if job.stop is not None:
-                job.stop()
-            self._active.discard(job)
-            self._running -= 1
-            if job.worker is not None:
-                self._retire(job.worker)
-            return True
-        return False
-
-    def _retire(self, worker):
-        """Under the lock: `worker` leaves the pool after its job; its core is free for a new thread."""
-        worker.retired = True
-        if worker.core is not None:
-            self._core_load[worker.core] -= 1
-        if worker.native_id is not None:
-            demote(worker.native_id, LOWEST_NICE)
 
     def _dispatch(self):
         """Start waiting jobs on free places, the most urgent first (`submit`'s and `discard`'s call: a
@@ -328,14 +269,10 @@ class SynthesisPool:
     def _take(self):
         """The most urgent waiting job, now counted as running (under the lock), or None. Jobs whose
         listener has gone are dropped on the way."""
-        if self._running >= self.workers or not self._waiting:
+        if self._running >= self.workers or not self._waiting or self._settling:
             return None
         if any(job.ticket.abandoned for job in self._waiting):
-            for job in [job for job in self._waiting if job.ticket.abandoned]:
-                self._waiting.remove(job)
-                job.state = DONE
-                metrics.engine_job_end("dropped")
-                post(job.loop, job.future, None, JobAbandoned())
+            self._drop_abandoned()
             if not self._waiting:
                 return None
         job = min(self._waiting, key=Job.urgency)

@@ -82,6 +82,7 @@ class Pipeline:
         self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
         self._current: Job | None = None  # the job delivery is sending
+        self._abandoned = False  # the client has gone (`abandon`): nothing more is started
         # Streamed mp3/opus/aac: one stream for the whole session, fed in delivery order (_stream_coded).
         coded = config.stream_audio and config.response_format in STREAMED_FORMATS
         self._coder = StreamedAudio(config.response_format, self.rate, FIRST_FRAME_S, FRAME_S) if coded else None
@@ -143,6 +144,8 @@ class Pipeline:
         audio; once audio flows, it starts with the current segment. The engine's stream is started
         here, in this step, not by the producer task: Hibari then queues the segment's first job
         before the loop handles the other sessions' messages of this turn (bench/RESULTS.md)."""
+        if self._abandoned:
+            return
         for position, job in enumerate(self.jobs):
             if position > LOOKAHEAD:
                 break
@@ -192,7 +195,8 @@ class Pipeline:
         except EncodingError as exc:
             job.chunks.put_nowait(server_error(str(exc)))
         except Exception:
-            logger.exception("synthesis failed for a segment of %s", self.session_id)
+            if not self._abandoned:  # else the engine stopped it: nobody is listening (`abandon`)
+                logger.exception("synthesis failed for a segment of %s", self.session_id)
             job.chunks.put_nowait(server_error("speech synthesis failed"))
         finally:
             job.chunks.put_nowait(END)
@@ -435,10 +439,15 @@ class Pipeline:
 
     def abandon(self) -> None:
         """Nobody will hear the segments accepted so far (the client has gone): the engine drops their
-        waiting jobs and stops a running one at its next step, from now on, before this loop gets to
-        cancel the tasks that await them (speech/engines/pool.py)."""
+        waiting jobs and stops a running one at its next step, from now on (speech/engines/pool.py), and
+        their producers are cancelled (an engine without that pool stops with them). No further segment
+        is started: a producer that ends now would otherwise start the next one's synthesis. The rest
+        (delivery, the streams' closing) is `aclose`'s."""
+        self._abandoned = True
         for job in self.jobs:
             job.ticket.abandon()
+            if job.producer is not None:
+                job.producer.cancel()
 
     async def cancel(self, context: Context | None = None) -> int:
         """Barge-in: stop the segment being sent within one frame and drop the rest, of `context`

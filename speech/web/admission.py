@@ -124,9 +124,7 @@ class Admission:
         await self._stop_signals()
         await session.aclose()
         metrics.session_ended(session)
-        if self.lease is not None:
-            await self.lease.release()
-            self.lease = None
+        await self.release_slot()
         registering, self.registering = self.registering, None
         group, self.group = self.group, None
         joining, self.joining = self.joining, None
@@ -134,6 +132,12 @@ class Admission:
             task = asyncio.ensure_future(self._leave(session, registering, group, joining))
             Admission._leaving.add(task)
             task.add_done_callback(Admission._leaving.discard)
+
+    async def release_slot(self):
+        """The key's session slot is given back (once; `release` does it too)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            await lease.release()
 
     _leaving: set[asyncio.Future] = set()  # sessions of this process still recording their end
 

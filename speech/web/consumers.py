@@ -2,8 +2,9 @@
 
 `receive()` hands the frame to the session, which only parses and enqueues; synthesis runs in
 the session's own tasks. Admission (capacity, key, slot) and the control plane (group, registry,
-signals) are one object it calls, speech/web/admission.py. `disconnect()` aborts all of the
-session's work and gives everything back. The session's transport is the connection the server put
+signals) are one object it calls, speech/web/admission.py. A lost connection stops the session's
+engine work at once (`_abandon_work`); `disconnect()` then gives everything back, TEARDOWN_DELAY_S
+later when the client left without a close frame. The session's transport is the connection the server put
 in the scope (speech/server/connection.py), or the ASGI `send` under another server.
 """
 
@@ -22,6 +23,11 @@ from .admission import Admission
 from .database import on_database_thread
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
+# A client gone without a close frame (1006: a hang-up, a reset) has its session torn down this long
+# after its engine work was abandoned: the teardown is nobody's wait, and a newcomer's first sentence
+# should not wait behind it (bench/hangup.py; docs/decisions.md).
+ABNORMAL_CLOSE = 1006
+TEARDOWN_DELAY_S = 0.25
 _find_voice = on_database_thread(voices.find_voice)  # an uploaded voice, at session.config
 
 
@@ -100,6 +106,9 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         self._abandon_work()
         if self.session is not None:
+            if code == ABNORMAL_CLOSE:
+                await self.admission.release_slot()  # a client reconnecting at once finds its slot free
+                await asyncio.sleep(TEARDOWN_DELAY_S)
             await self.admission.release(self.session)
 
     # -- control signals (speech/control/signals.py) -------------------------------------------
