@@ -18,7 +18,7 @@ from report import RESULTS, header, write_section  # noqa: E402
 
 from speech.engines.fake import FakeEngine  # noqa: E402
 from speech.stream.events import AudioDone, AudioStart  # noqa: E402
-from speech.stream.protocol import parse_config  # noqa: E402
+from speech.stream.wire import parse_config  # noqa: E402
 
 SECTION = "## Wire vocabulary: building and serialising events"
 SEGMENT_ID = "speech_ws_0123456789abcdef0123456789abcdef-3"

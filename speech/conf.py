@@ -43,13 +43,13 @@ ENGINE_NAME = Rule(
     "speech.E001",
     "{name} is {value!r}; it must be one of: {choices}.",
     lambda value, allowed: value in allowed,
-    choices="speech.engines.ENGINES",
+    choices="speech.runtime.ENGINES",
 )
 UPSTREAM_RATE = Rule(
     "speech.E006",
     "{name} must be one of: {choices}.",
     lambda value, allowed: value in allowed,
-    choices="speech.stream.protocol.SAMPLE_RATES",
+    choices="speech.stream.messages.SAMPLE_RATES",
 )
 
 
@@ -291,7 +291,7 @@ def stream_limits():
     """The session core's Limits from the settings: the core itself reads no Django settings."""
     # Imported here: the settings module imports this one for its table, before the stream core
     # (and the audio libraries under it) is needed.
-    from .stream.protocol import Limits
+    from .stream.messages import Limits
 
     return Limits(
         config_timeout_s=conf.CONFIG_TIMEOUT_S,

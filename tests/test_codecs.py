@@ -31,7 +31,7 @@ from speech.audio.codecs import FILE_FORMATS, RAW_FORMATS, EncodingError, RawEnc
 from speech.audio.signal import pcm16
 from speech.engines.fake import FakeEngine
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S
-from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
+from speech.stream.messages import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 
 from .support.decoders import (
     best_lag,

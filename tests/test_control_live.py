@@ -396,7 +396,7 @@ async def test_client_leaving_mid_speech_is_recorded_cancelled(cluster, how):
         await ws.wait_closed()
     row = cluster.ended_record(sid)
     segments, _ = segments_of(items)
-    assert row["status"] == "cancelled", row
+    assert row["status"] == "disconnected", row
     assert row["instance"] == cluster.instance("A") and row["ended_at"] is not None
     assert row["segments"] >= len(segments) > 0
     assert row["bytes_sent"] >= audio_bytes(items) > 0  # frames in flight were sent but not read
@@ -500,7 +500,7 @@ async def test_deleting_a_voice_on_b_terminates_the_sessions_using_it_on_a(clust
         await bystander.close()
     row = cluster.ended_record(sid)
     assert row["status"] == "terminated" and row["instance"] == cluster.instance("A")
-    assert cluster.ended_record(other_sid)["status"] == "cancelled"
+    assert cluster.ended_record(other_sid)["status"] == "disconnected"
     status, listed = await rest(cluster.b, "GET", "/v1/audio/voices")
     assert status == 200 and name not in listed["voices"]
 

@@ -141,3 +141,12 @@ def test_the_code_points_only_to_decisions_that_exist():
         for anchor in re.findall(r"docs/decisions\.md#([\w\-]+)", path.read_text())
     }
     assert {(where, anchor) for where, anchor in pointers if anchor not in known} == set()
+
+
+CODE_PATH = re.compile(r"`((?:speech|tests|bench|ttsproject)/[\w/.\-]*)`")
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_module_a_page_names_exists(page):
+    """A module moved or renamed takes its pages with it."""
+    assert sorted({path for path in CODE_PATH.findall(page.read_text()) if not (ROOT / path).exists()}) == []

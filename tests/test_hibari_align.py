@@ -18,12 +18,12 @@ import unicodedata
 import numpy as np
 import pytest
 
-from speech.engines.base import Alignment, SynthesisRequest
 from speech.engines.hibari import HibariEngine
 from speech.engines.hibari_align import STEP_FRAMES, model_with_durations, synthesise
 from speech.engines.hibari_words import normalised, plan
 from speech.engines.text import for_number_reader
 from speech.engines.traced import Traced
+from speech.stream.engine import Alignment, SynthesisRequest
 from speech.stream.words import word_spans
 
 RATE = 24000

@@ -11,7 +11,7 @@ from asgiref.testing import ApplicationCommunicator
 
 from speech.stream import events, messages
 from speech.stream.errors import SpeechError, server_error
-from speech.stream.protocol import Limits
+from speech.stream.messages import Limits
 from speech.web.apihandler import APIHandler, PathRouter
 
 SID = "speech_ws_0123456789abcdef0123456789abcdef"

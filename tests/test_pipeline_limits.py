@@ -10,8 +10,8 @@ import pytest
 from speech.audio.codecs import RawEncoder
 from speech.engines.fake import FakeEngine
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S, MAX_FRAME_S
+from speech.stream.messages import SessionConfig
 from speech.stream.pipeline import LOOKAHEAD, Pipeline
-from speech.stream.protocol import SessionConfig
 
 from .conftest import CHUNK_BYTES, other_tasks
 from .support.recorder import Recorder, check_segment_order

@@ -17,17 +17,38 @@ import pytest
 
 from speech.engines import abandoning
 from speech.engines import pool as pool_module
-from speech.engines.pool import CURRENT, SynthesisPool, Ticket, release_point
+from speech.engines.pool import SynthesisPool, release_point
+from speech.stream.engine import CURRENT, Ticket
+from speech.stream.meter import NullMeter
 
 GUARD_S = 5
 
 
+class RecordingMeter(NullMeter):
+    """What a pool reports to its meter (speech/stream/meter.py): each job's (wait, run), each job's end."""
+
+    def __init__(self):
+        self.jobs = []
+        self.ends = []
+
+    def engine_job(self, waited, ran):
+        self.jobs.append((waited, ran))
+
+    def engine_job_end(self, outcome):
+        self.ends.append(outcome)
+
+
 @pytest.fixture
-def pools():
+def meter():
+    return RecordingMeter()
+
+
+@pytest.fixture
+def pools(meter):
     made = []
 
     def make(workers, **options):
-        pool = SynthesisPool(workers, "test-pool", **options)
+        pool = SynthesisPool(workers, "test-pool", meter=meter, **options)
         made.append(pool)
         return pool
 
@@ -424,15 +445,9 @@ async def test_shutdown_drops_queued_jobs(pools):
     assert not queued.ran
 
 
-async def test_every_job_that_runs_reports_its_wait_and_its_run_a_dropped_one_does_not(monkeypatch):
-    reported = []  # (waited, ran) as this test's pool reports them to speech.metrics, from its thread
-
-    def engine_job(waited, ran):
-        if threading.current_thread().name.startswith("timed-pool"):  # not a job some earlier test left running
-            reported.append((waited, ran))
-
-    monkeypatch.setattr(pool_module.metrics, "engine_job", engine_job)
-    pool = SynthesisPool(1, "timed-pool")
+async def test_every_job_that_runs_reports_its_wait_and_its_run_a_dropped_one_does_not(meter):
+    reported = meter.jobs  # (waited, ran) as this test's pool reports them to its meter, from its thread
+    pool = SynthesisPool(1, "timed-pool", meter=meter)
     try:
         gate = Gate()
         first = asyncio.create_task(pool.run(gate))
@@ -537,11 +552,9 @@ async def test_with_more_threads_than_cores_no_synthesis_thread_is_pinned(pools)
 
 
 @pytest.fixture
-def outcomes(monkeypatch):
+def outcomes(meter):
     """The pool's record of how its jobs ended (speech_engine_jobs_total), as this test's pools report it."""
-    seen = []
-    monkeypatch.setattr(pool_module.metrics, "engine_job_end", seen.append)
-    return seen
+    return meter.ends
 
 
 async def test_an_abandoned_segments_waiting_jobs_are_dropped_unrun_by_the_next_free_thread(pools, outcomes):
@@ -653,7 +666,7 @@ def _wait_for(predicate):
 EXIT_PROBE = """
 import asyncio, time
 from speech.engines.hibari import HibariEngine
-from speech.engines.base import SynthesisRequest
+from speech.stream.engine import SynthesisRequest
 
 async def main():
     engine = HibariEngine(workers=1)

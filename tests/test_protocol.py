@@ -1,4 +1,4 @@
-"""speech.stream.protocol: parse_config (docs/protocol.md, session.config fields), parse_message and utf8_length_exceeds."""
+"""speech.stream.wire: parse_config (docs/protocol.md, session.config fields), parse_message and utf8_length_exceeds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 from speech.engines.fake import FakeEngine
 from speech.stream.errors import BAD_REQUEST, CLOSE_POLICY, SpeechError
-from speech.stream.protocol import SessionConfig, parse_config, parse_message, utf8_length_exceeds
+from speech.stream.messages import SessionConfig
+from speech.stream.wire import parse_config, parse_message, utf8_length_exceeds
 
 CAPS = FakeEngine().capabilities  # voices fake, alt; 24 kHz; speed 0.25-4.0; no ref_audio/instructions
 

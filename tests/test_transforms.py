@@ -19,7 +19,7 @@ import pytest
 import soxr
 
 from speech.audio.transforms import ATEMPO_MIN, Chain, Resampler, TimeStretch, plan_speed
-from speech.stream.protocol import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
+from speech.stream.messages import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 
 from .support.decoders import (
     autocorr_f0,

@@ -31,7 +31,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from ..engines.threads import demote, synthesis_niceness
+from ..threads import demote, synthesis_niceness
 from .codecs import EncodingError
 from .signal import pcm16
 

@@ -20,6 +20,7 @@ import time
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from ..stream.signal import ControlSignal
 from .registry import instance_id
 
 CANCEL, TERMINATE = "cancel", "terminate"
@@ -36,7 +37,8 @@ def group(session_id):
 
 
 def message(kind, session_id, reason=""):
-    return {"type": f"speech.{kind}", "session_id": session_id, "issued_at": time.time(), "reason": reason}
+    """The channel-layer message of a signal (speech/stream/signal.py), issued now."""
+    return ControlSignal(type=f"speech.{kind}", session_id=session_id, issued_at=time.time(), reason=reason).model_dump()
 
 
 def _redis_layer(layer):

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import asyncio
 
-from .. import metrics
 from .jobs import ABANDONED, DONE, RUNNING, WAITING, JobAbandoned, post
-from .threads import LOWEST_NICE, demote
+from ..threads import LOWEST_NICE, demote
 
 
 class Abandoning:
@@ -77,7 +76,7 @@ class Abandoning:
         if job.state == WAITING and job in self._waiting:
             self._waiting.remove(job)
             job.state = DONE
-            metrics.engine_job_end("dropped")
+            self.meter.engine_job_end("dropped")
         elif job.state == RUNNING:
             job.state = ABANDONED
             if job.stop is not None:
@@ -101,7 +100,7 @@ class Abandoning:
         """A job of a ticket already abandoned, never queued: dropped, its caller told at once."""
         job.state = DONE
         job.future.set_exception(JobAbandoned("its listener has gone"))
-        metrics.engine_job_end("dropped")
+        self.meter.engine_job_end("dropped")
         return job
 
     def _drop_abandoned(self):
@@ -109,5 +108,5 @@ class Abandoning:
         for job in [job for job in self._waiting if job.ticket.abandoned]:
             self._waiting.remove(job)
             job.state = DONE
-            metrics.engine_job_end("dropped")
+            self.meter.engine_job_end("dropped")
             post(job.loop, job.future, None, JobAbandoned())

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..audio import signal as audio
 from . import hibari_words
-from .base import Alignment, Capabilities, Engine, EngineError, SynthesisRequest, WordTiming
+from ..stream.engine import Alignment, Capabilities, Engine, EngineError, SynthesisRequest, WordTiming
+from ..stream.meter import NO_METER
 from .hibari_align import alignment, model_with_durations, synthesise
 from .pool import JobAbandoned, SynthesisPool, release_point
 from .stopping import StoppableSession
@@ -81,13 +82,13 @@ def load_voice(name):
 
 
 class HibariEngine(Engine):
-    def __init__(self, *, workers=1):
+    def __init__(self, *, workers=1, meter=NO_METER):
         from hibari import SAMPLE_RATE
         from hibari.voices import DEFAULT
 
         voices = available_voices()
         self._models = {name: load_voice(name) for name in voices}
-        self._pool = SynthesisPool(workers, "hibari", release_points=True)
+        self._pool = SynthesisPool(workers, "hibari", release_points=True, meter=meter)
         self.capabilities = Capabilities(
             name="hibari",
             voices=voices,
@@ -101,8 +102,8 @@ class HibariEngine(Engine):
         )
 
     @classmethod
-    def from_settings(cls, conf):
-        return cls(workers=conf.ENGINE_WORKERS)
+    def from_settings(cls, conf, meter=NO_METER):
+        return cls(workers=conf.ENGINE_WORKERS, meter=meter)
 
     def _render(self, tts, plan, index, request, rng, offset):
         """Part `index` of the segment's plan: its audio as yielded, and with `request.timestamps` the

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .base import Alignment, WordTiming
+from ..stream.engine import Alignment, WordTiming
 from .hibari_words import Part, Plan
 from .jobs import release_point
 

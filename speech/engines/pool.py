@@ -40,10 +40,11 @@ SPEECH_MAX_QUEUE_WAIT_S.
 
 A job whose listener is gone frees the engine at once: speech/engines/abandoning.py.
 
-Every job that runs is timed into two histograms of speech/metrics.py (its wait for a thread, its run on
-one), and every job's end is counted by outcome (`speech_engine_jobs_total`): completed, failed, dropped
-(never started: its listener had left), stopped (at its next step, its listener gone), unheard (ran to
-its end after its listener left: it was in a step that cannot stop).
+Every job that runs reports to the pool's meter (speech/stream/meter.py; the server's is
+speech/metrics.py) how long it waited for a thread and how long it ran on one. Every job's end is
+reported by outcome (`speech_engine_jobs_total`): completed, failed, dropped (never started: its
+listener had left), stopped (at its next step, its listener gone), unheard (ran to its end after its
+listener left: it was in a step that cannot stop).
 """
 
 from __future__ import annotations
@@ -55,15 +56,14 @@ import sys
 import threading
 import time
 
-from .. import metrics
+from ..stream.engine import CURRENT, queues
+from ..stream.meter import NO_METER
 from .jobs import (
     ABANDONED,
-    CURRENT,
     DONE,
     RUNNING,
-    Job,
+    SynthesisJob,
     JobAbandoned,
-    Ticket,
     gone,
     post,
     held,
@@ -73,7 +73,7 @@ from .jobs import (
     stoppable,
 )
 from .abandoning import Abandoning
-from .threads import place_thread, synthesis_cores, synthesis_niceness
+from ..threads import place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
@@ -97,8 +97,9 @@ class _Worker:
 
 
 class SynthesisPool(Abandoning):
-    def __init__(self, workers, name, *, release_points=False):
+    def __init__(self, workers, name, *, release_points=False, meter=NO_METER):
         self.workers = workers
+        self.meter = meter  # each job's wait, run and end (speech/stream/meter.py)
         self.release_points = release_points  # the jobs call release_point() before their model runs
         self.name = name
         linux = sys.platform.startswith("linux")  # a thread's own niceness and cores; elsewhere a thread's id is not a process's
@@ -106,8 +107,8 @@ class SynthesisPool(Abandoning):
         cores = synthesis_cores(workers) if linux else None
         self._core_load = dict.fromkeys(cores, 0) if cores else {}  # live (not retired) threads on each pinned core
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
-        self._waiting: list[Job] = []  # scanned when a thread frees: at most two jobs a session
-        self._active: set[Job] = set()  # running, not abandoned
+        self._waiting: list[SynthesisJob] = []  # scanned when a thread frees: at most two jobs a session
+        self._active: set[SynthesisJob] = set()  # running, not abandoned
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._closed = False
@@ -117,6 +118,7 @@ class SynthesisPool(Abandoning):
         self._service_s = INITIAL_SERVICE_S
         self._alive: set[threading.Thread] = set()  # this pool's threads that have not ended
         pools.add(self)
+        queues.add(self)  # Ticket.abandon reaches this pool
 
     @property
     def depth(self):
@@ -144,7 +146,7 @@ class SynthesisPool(Abandoning):
     def submit(self, fn, *args, ticket=CURRENT):
         """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
         for its result, or `discard` it."""
-        job = Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        job = SynthesisJob(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
         if ticket.abandoned:  # its listener has gone already: it never waits
             return self._drop_unqueued(job)
         with self._lock:
@@ -239,8 +241,8 @@ class SynthesisPool(Abandoning):
             post_held()  # the previous job's result, if this one never reached a release point
             outcome = _outcome(job, ran, error)
             if ran:
-                metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
-            metrics.engine_job_end(outcome)
+                self.meter.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
+            self.meter.engine_job_end(outcome)
             with self._lock:
                 if job.state == ABANDONED:  # its place was given away: this thread leaves
                     following = None
@@ -275,7 +277,7 @@ class SynthesisPool(Abandoning):
             self._drop_abandoned()
             if not self._waiting:
                 return None
-        job = min(self._waiting, key=Job.urgency)
+        job = min(self._waiting, key=SynthesisJob.urgency)
         self._waiting.remove(job)
         job.state = RUNNING
         self._active.add(job)
@@ -333,4 +335,4 @@ def _outcome(job, ran, error):
     return "failed" if error is not None else "completed"
 
 
-__all__ = ["CURRENT", "JobAbandoned", "SynthesisPool", "Ticket", "release_point", "stoppable"]
+__all__ = ["JobAbandoned", "SynthesisPool", "release_point", "stoppable"]

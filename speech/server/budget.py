@@ -30,7 +30,7 @@ import asyncio
 from .. import memory, metrics
 from ..conf import conf
 from ..stream.errors import CLOSE_CAPACITY, RATE_LIMIT, SpeechError
-from ..stream.protocol import parse_message
+from ..stream.wire import parse_message
 
 LARGE_FRAME_BYTES = 1 << 20
 # Measured per 16 MiB ASCII config: the chunk list and its joined copy (both alive while daphne

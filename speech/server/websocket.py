@@ -52,6 +52,7 @@ class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
     def _refuse_over_budget(self):
         metrics.refused(metrics.MEMORY_BUDGET, f"a {self.frame_length}-byte frame from {self.peer}: memory budget in use")
         error = over_budget_error()
+        metrics.METER.error_sent(error.error_type, error.code)
         self.sendMessage(json.dumps(error.event()).encode(), isBinary=False)
         self.sendClose(code=error.close_code)
         # autobahn drops this frame's payload and every later frame; daphne still tells the

@@ -14,7 +14,7 @@ from .errors import BAD_REQUEST
 from .messages import Limits
 
 if TYPE_CHECKING:  # for the annotations only
-    from ..engines.base import Capabilities
+    from .engine import Capabilities
     from .messages import SessionConfig
 
 

@@ -26,22 +26,23 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import metrics
 from ..audio.codecs import RAW_FORMATS, STREAMED_FORMATS, EncodingError, RawEncoder, encode_file
 from ..audio.streaming import StreamedAudio
-from ..engines.base import Alignment
+from .engine import Alignment
 from .contexts import Context, Contexts
 from .errors import SpeechError, bad_request, server_error
 from .events import AudioDone, AudioStart, AudioTimestamps, ContextDone, Word
 from .frames import FIRST_FRAME_S, FRAME_S, first_frame_samples, frame_sizes
-from .job import END, Job
+from .job import END, SegmentJob
+from .meter import NO_METER
 from .render import render_segment, start_segment
 from .utterance import Utterance, WordTime
 
 if TYPE_CHECKING:
-    from ..engines.base import Engine
+    from .engine import Engine
     from .messages import SessionConfig
-    from .session import Transport
+    from .meter import Meter
+    from .transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ class Pipeline:
         on_idle: Callable[[], None],
         on_crash: Callable[[], None],
         contexts: Contexts | None = None,
+        meter: Meter = NO_METER,
     ) -> None:
         self.engine = engine
+        self.meter = meter
         self.config = config
         self.transport = transport  # its send_bytes waits while the client is not reading (backpressure)
         self.session_id = session_id
@@ -73,7 +76,7 @@ class Pipeline:
         # Word times are asked for when the client wants them, and always from an engine whose times
         # are its model's own (what was heard, on a cancel).
         self.timestamps = config.timestamps or engine.capabilities.aligns
-        self.jobs: deque[Job] = deque()
+        self.jobs: deque[SegmentJob] = deque()
         self.sentences = 0  # sentence indexes given so far
         self.queued_chars = 0  # text of segments whose synthesis has not started
         self.bytes_sent = 0  # audio bytes of the whole session
@@ -81,7 +84,7 @@ class Pipeline:
         self._played_out_at = 0.0  # monotonic time by which a client playing each frame as it comes has played all
         self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
-        self._current: Job | None = None  # the job delivery is sending
+        self._current: SegmentJob | None = None  # the job delivery is sending
         self._abandoned = False  # the client has gone (`abandon`): nothing more is started
         # Streamed mp3/opus/aac: one stream for the whole session, fed in delivery order (_stream_coded).
         coded = config.stream_audio and config.response_format in STREAMED_FORMATS
@@ -106,7 +109,7 @@ class Pipeline:
         """Queue a segment of `context` (the default one if None): after that context's segments,
         before those of contexts made after it."""
         context = context or self.contexts.default
-        job = Job(text, context)
+        job = SegmentJob(text, context)
         at = len(self.jobs)
         while at and self.jobs[at - 1].context.order > context.order:
             at -= 1
@@ -124,7 +127,7 @@ class Pipeline:
         await self._context_step(context)
         self.resume()
 
-    def _deliverable(self) -> Job | None:
+    def _deliverable(self) -> SegmentJob | None:
         """The next segment to send: the queue's first, if its context has the floor."""
         if self.jobs and self.jobs[0].context is self.contexts.head():
             return self.jobs[0]
@@ -161,12 +164,12 @@ class Pipeline:
                     job.stream = start_segment(self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps)
                 job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
 
-    def _started(self, job: Job) -> None:
+    def _started(self, job: SegmentJob) -> None:
         if not job.started:
             job.started = True
             self._start_producers()
 
-    async def _produce(self, job: Job) -> None:
+    async def _produce(self, job: SegmentJob) -> None:
         # A streamed segment with audio counts as started once its first frame is sent (_send_audio);
         # anything else once it has audio, or when it ends.
         streamed_audio = False
@@ -177,7 +180,7 @@ class Pipeline:
             # Streamed raw audio is encoded here, as it is made: a held session's queued chunks
             # then take 2 bytes a sample (1 for G.711), not float32's 4.
             encoder = self._stream_encoder()
-            segment = render_segment(self.engine, self.config, job.text, job.ticket, stream)
+            segment = render_segment(self.engine, self.config, job.text, job.ticket, stream, self.meter)
             async with contextlib.aclosing(segment) as audio:
                 async for chunk in audio:
                     if isinstance(chunk, Alignment):
@@ -203,7 +206,7 @@ class Pipeline:
             if not streamed_audio:
                 self._started(job)
 
-    async def _first_frame_first(self, job: Job, encoder: RawEncoder, chunk: np.ndarray) -> np.ndarray:
+    async def _first_frame_first(self, job: SegmentJob, encoder: RawEncoder, chunk: np.ndarray) -> np.ndarray:
         """Queue the segment's first frame alone and let delivery send it before the rest of the chunk is
         encoded: encoding a whole sentence first stood between the engine's audio and the first
         frame (bench/RESULTS.md). Returns the rest of the chunk."""
@@ -234,7 +237,7 @@ class Pipeline:
         self._flowing = False  # the next text is a new utterance: its first audio goes first again
         self.on_idle()
 
-    def _forget(self, job: Job) -> None:
+    def _forget(self, job: SegmentJob) -> None:
         self.jobs.remove(job)
         job.context.jobs -= 1
 
@@ -248,14 +251,14 @@ class Pipeline:
             await self.transport.send_json(ContextDone(context_id=context.id, total_sentences=context.sentences).dump())
         self.contexts.close(context)
 
-    def _announce(self, job: Job) -> None:
+    def _announce(self, job: SegmentJob) -> None:
         job.index = self.sentences
         self.sentences += 1
 
-    def _id(self, job: Job) -> str:
+    def _id(self, job: SegmentJob) -> str:
         return f"{self.session_id}-{job.index}"
 
-    async def _start(self, job: Job) -> None:
+    async def _start(self, job: SegmentJob) -> None:
         self._announce(job)
         await self.transport.send_json(
             AudioStart(
@@ -268,7 +271,7 @@ class Pipeline:
             ).dump()
         )
 
-    async def _timestamps(self, job: Job, alignment: Alignment) -> None:
+    async def _timestamps(self, job: SegmentJob, alignment: Alignment) -> None:
         """Keep the words' delivered times (what was heard, on a cancel) and send them when asked for:
         after audio.start, before the audio they describe."""
         words = [WordTime(w.char_start, w.char_end, int(w.start_s * 1000), int(w.end_s * 1000)) for w in alignment.words]
@@ -287,20 +290,20 @@ class Pipeline:
             ).dump()
         )
 
-    async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
+    async def _send_audio(self, job: SegmentJob, data: bytes, seconds: float) -> None:
         first = job.bytes_sent == 0
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
         job.sent_s += seconds
         self.bytes_sent += len(data)
-        metrics.audio_sent(len(data), seconds)
+        self.meter.audio_sent(len(data), seconds)
         now = time.monotonic()
         self._played_out_at = max(self._played_out_at, now) + seconds
         job.context.utterance.sent(seconds * 1000, self._played_out_at)
         job.ticket.deadline = self._played_out_at  # the segment's further jobs are due once this is played
         if self.first_audio_s is None:
             self.first_audio_s = now - job.queued_at
-            metrics.TTFA.observe(self.first_audio_s)
+            self.meter.first_audio(self.first_audio_s)
         # Let the loop run: a cancel that arrived meanwhile is read and handled before the next frame.
         await asyncio.sleep(0)
         if first:
@@ -316,7 +319,7 @@ class Pipeline:
             return RawEncoder(self.config.response_format, self.rate)
         return None
 
-    async def _deliver(self, job: Job) -> None:
+    async def _deliver(self, job: SegmentJob) -> None:
         fmt, streaming = self.config.response_format, self.config.stream_audio
         raw = RawEncoder(fmt, self.rate) if fmt in RAW_FORMATS else None
         collected: list[np.ndarray] = []
@@ -363,6 +366,7 @@ class Pipeline:
             partial = job.bytes_sent > 0
             if not job.announced:
                 self._announce(job)
+            self.meter.error_sent(failure.error_type, failure.code)
             await self.transport.send_json(
                 failure.event(
                     id=self._id(job),
@@ -373,7 +377,7 @@ class Pipeline:
             )
         await self._done(job, error=failure is not None, cancelled=False)
 
-    async def _stream(self, job: Job, width: int, data: bytes) -> None:
+    async def _stream(self, job: SegmentJob, width: int, data: bytes) -> None:
         """Send one encoded chunk as binary frames (frames.py)."""
         if not job.announced:
             await self._start(job)
@@ -382,7 +386,7 @@ class Pipeline:
             await self._send_audio(job, data[at : at + size], size / width / self.rate)
             at += size
 
-    async def _stream_coded(self, job: Job, samples: np.ndarray) -> None:
+    async def _stream_coded(self, job: SegmentJob, samples: np.ndarray) -> None:
         """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames as the session's encoder
         makes them (speech/audio/streaming.py): a cancel stops it within one frame."""
         if not job.announced:
@@ -390,11 +394,11 @@ class Pipeline:
         async for data, seconds in self._coder.frames(samples):  # type: ignore[union-attr]
             await self._send_coded(job, data, seconds)
 
-    async def _send_coded(self, job: Job, data: bytes, seconds: float) -> None:
+    async def _send_coded(self, job: SegmentJob, data: bytes, seconds: float) -> None:
         await self._send_audio(job, data, seconds)
         self._coder.sent()  # type: ignore[union-attr]
 
-    async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
+    async def _done(self, job: SegmentJob, *, error: bool, cancelled: bool) -> None:
         job.done_sent = True
         job.context.utterance.add(job.record(complete=not (error or cancelled)))
         await self.transport.send_json(
@@ -408,11 +412,11 @@ class Pipeline:
             ).dump()
         )
 
-    async def _stop(self, context: Context | None = None) -> list[Job]:
+    async def _stop(self, context: Context | None = None) -> list[SegmentJob]:
         """Stop the segments of `context` (all if None), engine work included, and forget them. The
         segments are forgotten first: a producer that ends here marks its segment started, which
         must not start the next one's synthesis behind our back. Delivery stops only when it was
-        sending one of them. The engine drops their jobs at once (`Job.ticket.abandon`), before the tasks
+        sending one of them. The engine drops their jobs at once (`SegmentJob.ticket.abandon`), before the tasks
         awaiting them are cancelled."""
         jobs = [job for job in self.jobs if context is None or job.context is context]
         for job in jobs:

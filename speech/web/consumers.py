@@ -13,12 +13,13 @@ import asyncio
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from .. import voices
+from .. import metrics, voices
 from ..conf import stream_limits, voice_aliases
-from ..engines import get_engine
+from ..runtime import get_engine
 from ..server import budget
 from ..server.connection import SCOPE_KEY, AsgiConnection
 from ..stream.session import SpeechSession
+from ..stream.signal import ControlSignal
 from .admission import Admission
 from .database import on_database_thread
 
@@ -74,6 +75,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             voice_aliases=voice_aliases(),
             on_configured=self.admission.register,
             parse_large=budget.parse_large_config,
+            meter=metrics.METER,
         )
         refusal = await self.admission.admit(self.scope, self.session)
         if refusal is None:
@@ -100,8 +102,8 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     def _abandon_work(self):
         """The client is gone: the engine stops the session's work now, before the session's teardown."""
-        if self.session is not None and self.session.pipeline is not None:
-            self.session.pipeline.abandon()
+        if self.session is not None:
+            self.session.abandon()
 
     async def disconnect(self, code):
         self._abandon_work()
@@ -111,11 +113,14 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
                 await asyncio.sleep(TEARDOWN_DELAY_S)
             await self.admission.release(self.session)
 
-    # -- control signals (speech/control/signals.py) -------------------------------------------
+    # -- control signals (speech/control/signals.py), read once here (speech/stream/signal.py) ------
     async def speech_cancel(self, message):
-        if self.session is not None:
-            self.admission.signal(self.session, message)
+        self._signal(message)
 
     async def speech_terminate(self, message):
-        if self.session is not None:
-            self.admission.signal(self.session, message)
+        self._signal(message)
+
+    def _signal(self, message):
+        signal = ControlSignal.read(message)
+        if self.session is not None and signal is not None:
+            self.admission.signal(self.session, signal)

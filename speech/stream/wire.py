@@ -1,6 +1,6 @@
-"""The wire protocol's framing: a client frame's JSON, size limits, and reading session.config
-(through the models of messages.py, which hold the field rules of docs/protocol.md) with the
-uploaded voices looked up.
+"""Client frames off the wire: a frame's JSON, size limits, and reading session.config (through the
+models of messages.py, which hold the field rules of docs/protocol.md) with the uploaded voices
+looked up.
 """
 
 from __future__ import annotations
@@ -11,17 +11,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import messages
-from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError
+from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError, fatal
 
 if TYPE_CHECKING:  # for the annotations only: the stream core imports nothing of Django at run time
-    from ..engines.base import Capabilities
-    from ..voices import ReferenceVoice
+    from .engine import Capabilities
+    from .engine import ReferenceVoice
 
     FindVoice = Callable[[str], Awaitable[ReferenceVoice | None]]  # an uploaded voice by name
 
-# The vocabulary lives in messages.py; these names stay importable from here for the checks and tests.
-SAMPLE_RATES, SPEED_MIN, SPEED_MAX = messages.SAMPLE_RATES, messages.SPEED_MIN, messages.SPEED_MAX
-Limits, SessionConfig, UnknownVoice = messages.Limits, messages.SessionConfig, messages.UnknownVoice
+
+CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
 
 
 def utf8_length_exceeds(text: str, limit: int) -> bool:
@@ -65,6 +64,31 @@ def size_error(kind: str, limit: int, *, handshake: bool = False) -> SpeechError
     return SpeechError(f"{kind} WebSocket message exceeds {limit} bytes", close_code=CLOSE_TOO_BIG if handshake else None)
 
 
+async def read_handshake(raw: str, limit: int, parse_large: Callable[[str], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """The first frame's JSON object, which must be session.config; fatal SpeechError otherwise. A frame
+    over CONFIG_PARSE_OFFLOAD_BYTES is parsed by `parse_large` (parse_in_thread, or the server's)."""
+    if utf8_length_exceeds(raw, limit):
+        raise size_error("session", limit, handshake=True)
+    payload = await parse_large(raw) if len(raw) > CONFIG_PARSE_OFFLOAD_BYTES else parse_message(raw, handshake=True)
+    if payload.get("type") != "session.config":
+        raise fatal("first WebSocket message must be session.config", "type")
+    return payload
+
+
+def read_frame(raw: str, limit: int) -> dict[str, Any]:
+    """A later text frame's JSON object; SpeechError otherwise."""
+    if utf8_length_exceeds(raw, limit):
+        raise size_error("text", limit)
+    return parse_message(raw)
+
+
+def binary_frame_error(size: int, limit: int, *, handshake: bool) -> SpeechError:
+    """Clients send text frames only: a binary one is refused, as too big first (fatal in the handshake)."""
+    if size > limit:
+        return size_error("session" if handshake else "text", limit, handshake=handshake)
+    return SpeechError("speech WebSocket client messages must be text frames", close_code=CLOSE_POLICY if handshake else None)
+
+
 async def resolve_fields(
     payload: dict[str, Any],
     capabilities: Capabilities,
@@ -78,7 +102,7 @@ async def resolve_fields(
     engine with an open voice set (`any_voice`) gets any other name passed on as it is."""
     try:
         return messages.read_fields(payload, model, capabilities=capabilities, **context)
-    except UnknownVoice as unknown:
+    except messages.UnknownVoice as unknown:
         reference = await find_voice(unknown.requested) if find_voice else None
         target = (context.get("voice_aliases") or {}).get(unknown.requested.strip().lower())
         if reference is None and find_voice and target and messages.engine_voice(target, capabilities) is None:
