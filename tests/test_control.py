@@ -491,7 +491,7 @@ async def test_late_cancel_does_not_clear_new_buffered_text(speech):
 @pytest.mark.parametrize("issued_at", [None, "2026-01-01", True], ids=["null", "string", "bool"])
 async def test_a_cancel_without_a_usable_issued_at_is_current(speech, issued_at):
     """(Raised TypeError before speech/stream/session.py checked the type.) Any Django code may send a cancel
-    without `issued_at` (README): it cuts the speech under way."""
+    without `issued_at` (docs/operations.md): it cuts the speech under way."""
     s, engine, sid, sent = await speaking(speech)
     await signal(s.session, {"type": "speech.cancel", "session_id": sid, "issued_at": issued_at})
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)

@@ -2,8 +2,8 @@
 
 A live session's consumer is a member of the channel-layer group `speech.session.<session_id>` from
 just before its `session.configured` until it ends, and handles `speech.cancel` and
-`speech.terminate` messages. Any Django code reaches it with the layer's `group_send` (README,
-"Control signals"); `send` below adds what the product's own senders want: the time the signal was
+`speech.terminate` messages. Any Django code reaches it with the layer's `group_send` (docs/operations.md,
+"Control across instances"); `send` below adds what the product's own senders want: the time the signal was
 issued (so a cancel that was late cannot cut speech begun after it) and SignalsUnavailable when
 Redis cannot be reached (the REST endpoints answer 503).
 

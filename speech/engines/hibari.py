@@ -62,20 +62,11 @@ def available_voices():
 def _session(path):
     """An onnxruntime session as Hibari builds one (one thread), with the CPU memory arena off.
 
-    The arena keeps the largest buffers any call needed for the life of the process (measured:
-    +20 MB after a few long sentences, never returned); without it freed buffers go back to malloc
-    and speech.memory's trims return them to the OS. Measured no slower (30 long sentences: 3.1-3.4 s
-    without the arena, 4.0-4.2 s with it, on this 2-core machine).
-
-    The memory pattern is off too. With it, each call takes all its intermediate tensors as one block
-    (several MiB, sized by the sentence) from malloc, in the calling synthesis thread's heap; where
-    such blocks landed between longer-lived ones decided, by chance, whether a thread's heap settled at
-    about 25 or about 55 MiB: 50 stalled sessions grew the server by 48-57 MiB in about a third of the
-    runs and by 20-28 MiB in the others (bench/throughput.py's stalled readers; 1 MiB a session is
-    allowed). Without it, 12 runs out of 12 grew by 18-28 MiB; in process, 8 sessions x 6 sentences x
-    6 rounds grew by 79-82 MiB in 4 runs against 104-146 MiB with it. Measured no slower: 24
-    interleaved rounds of 4 and of 8 sessions, CPU per audio second without / with 0.997 and 0.995
-    (p50), the same wall time."""
+    The arena keeps the largest buffers any call needed for the life of the process; without it freed
+    buffers go back to malloc and speech.memory's trims return them to the OS. The memory pattern is off
+    too: with it each call takes its intermediate tensors as one block of megabytes in the calling
+    thread's heap, and where such blocks landed decided by chance how large that heap settled. Both
+    measured no slower without (docs/decisions.md#memory-the-handshake-budget-and-memory-after-load)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -89,8 +80,8 @@ def _session(path):
 def load_voice(name):
     """Hibari for one voice, its acoustic model (with its phoneme durations as an extra output,
     `model_with_durations`) and its G2P's out-of-vocabulary net on sessions without the arena. The OOV
-    net is loaded now: Hibari would load it (measured 26 ms) on the first word its lexicon lacks, i.e.
-    inside some client's sentence. The model cut in two (`hibari_pieces`) renders first parts in pieces."""
+    net is loaded now: Hibari would load it on the first word its lexicon lacks, i.e. inside some
+    client's sentence, delaying its audio. The model cut in two (`hibari_pieces`) renders first parts in pieces."""
     from hibari import Hibari
     from hibari.g2p import G2P
     from hibari.g2p.oov import ASSETS, OOV
@@ -130,9 +121,9 @@ class HibariEngine(Engine):
             voices=voices,
             default_voice=DEFAULT if DEFAULT in voices else voices[0],
             sample_rate=SAMPLE_RATE,
-            # Hibari takes speed 0.5-2.0, but measured it misses 1/speed by up to 13 % and shifts
-            # the pitch by up to 7 % at 0.5 (tests/test_formats_live.py); the pipeline's time-stretch
-            # is within 3.5 % and keeps the pitch within ~1 %, so every speed goes through it.
+            # Hibari takes speed 0.5-2.0, but misses 1/speed and shifts the pitch; the pipeline's
+            # time-stretch keeps both, so every speed goes through it
+            # (docs/decisions.md#speed-is-done-here-not-by-the-engine).
             speed_range=(1.0, 1.0),
             aligns=True,  # word timings from the model's own durations, at next to no cost (hibari_align)
         )
@@ -213,8 +204,9 @@ class HibariEngine(Engine):
         and nothing of the client's text is worked on by the caller (`stream` is called on the event
         loop). The segment's random generator is made here too: without a seed numpy reads the OS's
         entropy (os.urandom), a system call that hands the GIL over, and the event loop then waited for a
-        synthesis thread to give it back on its way to the first audio (4 % of the loop's time at C = 4,
-        `py-spy record --gil`). With `request.first_words`, the first sentence's first piece only."""
+        synthesis thread to give it back on its way to the first audio
+        (docs/decisions.md#the-event-loop-kept-short). With `request.first_words`, the first sentence's first
+        piece only."""
         rng = np.random.default_rng(seed)
         plan = hibari_words.plan(tts, request.text)
         if plan.parts and request.first_words:

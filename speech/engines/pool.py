@@ -1,81 +1,42 @@
 """The synthesis pool: blocking engine calls on a few threads, the most urgent first.
 
 Synthesis never runs on the event loop. Every session of the process shares one queue, and a free
-thread takes the most urgent job: one for a segment that is being delivered (`Ticket.current`)
-before any look-ahead, then the earliest deadline first. A ticket's deadline is when its session's
-client will have played all the audio it has been sent, or when the segment's text came if that is
-later (the pipeline keeps it up to date); a job without one (a REST request) is due when it was
-queued. So a session whose listener has seconds of audio in hand waits for a newcomer's first
-sentence and for a session that has run dry, and sessions that read as fast as they can advance
-together instead of drifting apart: a burst then ends with both threads busy, not with one thread
-finishing a straggler alone (bench/throughput.py's paragraph at C = 4 and 8, against first come,
-first served: 1.2-2.6 % more audio per wall second at C = 4 and 0.4-2.2 % at C = 8, the paired
-medians of five interleaved A/B runs of 40-48 rounds; two A/A runs of one code: 0.3-0.5 %).
+thread takes the most urgent job: one for a segment that is being delivered (`Ticket.current`) before
+any look-ahead, then the earliest deadline first. A ticket's deadline is when its session's client
+will have played all the audio it has been sent, or when the segment's text came if that is later
+(the pipeline keeps it up to date); a job without one (a REST request) is due when it was queued. So a
+listener with seconds of audio in hand waits for a newcomer's first sentence, and sessions that read as
+fast as they can advance together instead of drifting apart (docs/decisions.md#synthesis-earliest-deadline-first).
 
-No job waits forever: a deadline moves only while audio of its own segment is being sent, so newer
-work goes ahead of a job only if it is due sooner, before its listener would miss anything. The
-pipeline keeps at most one current and one look-ahead segment of a session in synthesis, so the
-queue holds at most two jobs a session and one session's 60 queued sentences cannot starve another's
-first one. Priorities are read when a thread frees: a look-ahead job whose segment becomes the one
-being delivered moves up at once.
+No job waits forever: a deadline moves only while audio of its own segment is being sent, so newer work
+goes ahead of a job only if it is due sooner. The pipeline keeps at most one current and one look-ahead
+segment of a session in synthesis, so one session's queued sentences cannot starve another's first one.
+Priorities are read when a thread frees: a look-ahead job whose segment becomes current moves up at once.
 
-The threads run at a lower CPU priority than the event loop (`SYNTHESIS_NICE`, Linux): with every core
-busy synthesising, the loop that hands a finished sentence to its client, answers handshakes and
-reads cancels still gets a core at once when it wakes, instead of waiting for a synthesis thread's
-time slice. It uses a few percent of the CPU, so synthesis loses nothing by it. Measured with
-bench/throughput.py's paragraph, four interleaved A/B runs of 40 rounds (three at +5, one at +19):
-first audio rank by rank against the raw engine 1.075-1.093x -> 1.055-1.076x at C = 4 and
-1.092-1.117x -> 1.073-1.090x at C = 8, throughput unchanged (paired medians 0.997-1.009). Before,
-with job timestamps, a finished job's result reached the loop 1-5 ms after the job ended, while its
-thread went on to the next job. Other processes on the machine at the default priority go before
-synthesis too; a server sharing its cores with other work should be given cores of its own.
+How the threads run (Linux; docs/decisions.md has the measurements of each):
 
-With one synthesis thread for each core the process may use (SPEECH_ENGINE_WORKERS's default), each
-thread is pinned to a core of its own (Linux). Unpinned, the wake-ups of the event loop and of the
-clients' threads on the same cores moved a synthesis thread to the other core now and then (0.03-0.05
-times per audio second, /proc's scheduler statistics), where its caches were cold (threads made to
-swap cores every 20 ms lost 1.6 % / 0.4 % of throughput at C = 4 / 8). Pinned, synthesis took 0.7-2.4 %
-less CPU per audio second, and bench/throughput.py's paragraph gained 0.7-2.0 % audio per wall second
-at C = 4 and 1.9-2.9 % at C = 8 (paired medians of five interleaved A/B runs of 12-40 rounds; first
-audio rank by rank 1.070 / 1.080 / 1.080x -> 1.067 / 1.065 / 1.073x at C = 4, 1.082 / 1.108 / 1.080x
--> 1.064 / 1.070 / 1.057x at C = 8 in the three runs against the raw engine). The raw engine alone
-gains nothing from it (paired 1.000 at C = 4, 0.995 at C = 8, 30 rounds): with nothing else on the
-cores, its threads stay where they are. Several processes on one host, each with the
-default, pin alike, so every core runs one synthesis thread of each, as the scheduler would spread
-them. With another number of threads nothing is pinned: some core would get two and another none.
+* below the event loop's CPU priority (`SYNTHESIS_NICE`), so the loop that delivers audio, answers
+  handshakes and reads cancels gets a core at once when it wakes; other processes at the default
+  priority go first too, so a server sharing its cores should be given cores of its own
+  (docs/decisions.md#synthesis-threads-below-the-event-loop);
+* with one thread for each core the process may use (SPEECH_ENGINE_WORKERS's default), each pinned to
+  a core of its own, so the loop's and clients' wake-ups do not move it onto cold caches; several
+  processes with the default pin alike; with another number of threads nothing is pinned
+  (docs/decisions.md#synthesis-threads-pinned-one-to-a-core);
+* a job queued while a thread is free is handed over: `submit` waits (at most HANDOFF_WAIT_S) until
+  that thread has started it, rather than the woken thread waiting for the GIL while the loop reads
+  other sessions' messages; a job queued behind busy threads never makes the loop wait
+  (docs/decisions.md#jobs-handed-over-to-the-synthesis-threads);
+* a thread that finishes a job takes the next waiting one itself. With release points
+  (`release_points=True`: Hibari calls `release_point()` just before its model's run, which releases
+  the GIL) and a listener with more than HOLD_MARGIN_S of audio in hand, it holds the result back until
+  the next job's release point (or end), so the loop delivers while the thread runs the model instead
+  of racing it for the GIL. A result a listener is waiting for (a first audio, a REST request) is never
+  held (docs/decisions.md#jobs-handed-over-to-the-synthesis-threads).
 
-A job the event loop queues while a thread is free is handed over: `submit` waits until that thread
-has started it (at most HANDOFF_WAIT_S). Otherwise the woken thread waits for the GIL while the loop
-goes on with other sessions' messages, until the switch interval forces the GIL out: with four texts
-arriving together, the first job started 0.92 ms after it was queued and the second 1.36 ms; handed
-over, 0.13 and 0.28 ms, and the four sessions' first jobs started 0.3-1.7 ms sooner after their text
-(job timestamps, 20 rounds of bench/throughput.py's paragraph at C = 4). The loop then waits while the
-thread runs the job's first Python (G2P, about 0.4 ms a sentence), which it would have waited for
-anyway at the next forced switch. Three interleaved A/B runs of 40 rounds: first audio rank by rank
-against the raw engine 1.091 / 1.091 / 1.078x -> 1.067 / 1.074 / 1.062x at C = 8, 1.061 / 1.052 /
-1.062x -> 1.057 / 1.041 / 1.068x at C = 4, throughput unchanged (paired medians 0.994-1.004). A job
-queued behind busy threads never makes the loop wait.
-
-A thread that finishes a job takes the next waiting one itself. If the pool's jobs have release points
-(`release_points=True`: Hibari's call `release_point()` just before the model's run, which releases
-the GIL) and the finished job's listener has more than HOLD_MARGIN_S of audio in hand, the thread holds
-the result back until the next job reaches its release point (or ends), instead of handing it over
-at once. Handed over at once, the wake-up of the event loop races the thread for the GIL: the loop
-usually won and delivered, and the thread waited for the switch interval before it could start the
-next job's text, 0.62 ms between two jobs (p50) against 0.17 ms in the raw engine's rounds; held back,
-the loop delivers while the thread runs the model, 0.05 ms between jobs (job timestamps, 30 rounds of
-bench/throughput.py's paragraph at C = 4). Four interleaved A/B runs of 40 rounds: the loop's CPU per
-audio second 0.225 / 0.228 / 0.242 / 0.277 -> 0.211 / 0.212 / 0.218 / 0.252 ms at C = 4 and 0.224 /
-0.228 / 0.235 / 0.276 -> 0.204 / 0.207 / 0.216 / 0.252 ms at C = 8 (6-10 % less); first audio rank by
-rank against the raw engine 1.088 / 1.087 / 1.096 / 1.078x -> 1.071 / 1.074 / 1.073 / 1.084x at C = 8,
-at C = 4 1.068 / 1.089 / 1.085 / 1.077x -> 1.073 / 1.092 / 1.074 / 1.061x; throughput unchanged
-(paired 0.998-1.009). The threads' time between jobs was the loop's time on a core, not idle time: the
-loop's delivery now runs beside the model instead. A result whose listener is waiting for it, a
-segment's first audio or a REST request, is never held.
-
-Nothing is refused here: a job a session has accepted waits its turn. Overload is handled before
-work is accepted: a WebSocket handshake or a REST request is refused while `estimated_wait` is
-over SPEECH_MAX_QUEUE_WAIT_S.
+Nothing is refused here: a job a session has accepted waits its turn. Overload is handled before work
+is accepted: a handshake or a REST request is refused while `estimated_wait` is over
+SPEECH_MAX_QUEUE_WAIT_S.
 
 A job whose listener is gone frees the engine at once: speech/engines/abandoning.py.
 
@@ -118,7 +79,7 @@ SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durati
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
 HANDOFF_WAIT_S = 0.002  # at most this long the event loop waits for an idle thread to start a job it submitted
 HOLD_MARGIN_S = 0.1  # a result is held back for the next job's release point only if its listener has this much audio in hand
-SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (weight 1024 -> 335)
+SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (a third of its CPU weight)
 
 
 class _Worker:

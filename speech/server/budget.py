@@ -2,8 +2,9 @@
 
 A `session.config` may be 16 MiB, and daphne takes a frame whole before the application sees it:
 autobahn keeps the frame's chunks, joins them into one bytes object, daphne decodes that into a
-str and queues it for the application, which parses it in a thread. Twenty such frames at once
-took a process from 300 to 735 MB. So memory is reserved where it is first spent:
+str and queues it for the application, which parses it in a thread. A burst of such frames at once
+grew a process by their size several times over (docs/decisions.md#memory-the-handshake-budget-and-memory-after-load).
+So memory is reserved where it is first spent:
 
 * the WebSocket protocol (speech/server/websocket.py, plugged in by speech/server/launcher.py) reserves
   `FRAME_COST_FACTOR` x the length a frame header announces, before any of its payload is read; when

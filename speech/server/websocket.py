@@ -85,7 +85,7 @@ class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
         (`sendmsg`) instead of being joined first. The application calls this through its Connection
         (speech/server/connection.py), not through Channels' `send`, daphne's `handle_reply` and
         `serverSend` and autobahn's `sendMessage` and `sendFrame`, which do nothing more for an open
-        connection (docs/decisions.md).
+        connection and cost the event loop CPU for every frame (docs/decisions.md#delivery-frames-and-writes).
         Raises autobahn's Disconnected once the connection is not open, as `sendMessage` does, and when it
         finds the connection gone (`_to_transport`)."""
         if self.state != self.STATE_OPEN or self.gone:

@@ -149,10 +149,8 @@ class Engine(abc.ABC):
         times never decrease and never pass the end of the audio yielded in the end.
 
         Quantise where the audio is made: on the synthesis thread that made it, or straight from an
-        upstream's own 16-bit PCM. On the event loop it took an eighth of the loop's CPU in
-        bench/throughput.py's paragraph (the float32 array, made on another core, read again to
-        encode it): quantised by Hibari's synthesis threads, the loop's CPU per audio second fell by
-        15-18 % at C = 4 and 8 (two server processes side by side, 80 and 60 interleaved rounds).
+        upstream's own 16-bit PCM, never on the event loop, which would read the float32 array again from
+        another core's cache (docs/decisions.md#delivery-frames-and-writes).
 
         An engine may start work when this is called, before the first iteration (Hibari queues the
         segment's first job): whoever asks for a stream reads it to its end or closes it. Cancelling

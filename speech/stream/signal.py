@@ -3,7 +3,7 @@ the client messages of messages.py. The control plane builds it (speech/control/
 it over the channel layer as a plain dict; the adapter that receives it reads it here once, and the
 session handles the model.
 
-Any Django code may send a signal with the layer's `group_send` (README, "Control signals"), so
+Any Django code may send a signal with the layer's `group_send` (docs/operations.md, "Control across instances"), so
 reading is lenient where the senders vary: an `issued_at` that is not a number (or is missing) means
 "current", a `reason` that is not a non-empty string means the default one. A kind other than
 cancel or terminate is no signal of the session's (`read` answers None).
