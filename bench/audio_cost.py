@@ -57,9 +57,9 @@ from speech.audio.codecs import (  # noqa: E402
 from speech.audio.signal import pcm16  # noqa: E402
 from speech.audio.streaming import SessionEncoder  # noqa: E402
 from speech.audio.transforms import Chain, plan_speed  # noqa: E402
-from speech.engines import SynthesisRequest  # noqa: E402
 from speech.engines.hibari import HibariEngine  # noqa: E402
 from speech.stream.config import SAMPLE_RATES  # noqa: E402
+from speech.stream.engine import SynthesisRequest  # noqa: E402
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S  # noqa: E402
 from tests.support.streams import CONTAINERS  # noqa: E402
 

@@ -97,7 +97,7 @@ def segments(text):
 
 
 async def engine_session(engine, texts, t0):
-    from speech.engines import SynthesisRequest
+    from speech.stream.engine import SynthesisRequest
 
     first = last = None
     samples = 0

@@ -49,13 +49,13 @@ from report import header, write_section  # noqa: E402
 from timestamps_corpus import sentences  # noqa: E402
 
 from speech.audio.signal import sound_bounds, trim_bounds  # noqa: E402
-from speech.engines.base import Alignment, SynthesisRequest  # noqa: E402
 from speech.engines.hibari import HibariEngine  # noqa: E402
 from speech.engines.hibari_align import alignment, synthesise  # noqa: E402
 from speech.engines.hibari_words import normalised, plan  # noqa: E402
 from speech.engines.spread import spread  # noqa: E402
 from speech.engines.text import for_number_reader  # noqa: E402
 from speech.engines.traced import Traced  # noqa: E402
+from speech.stream.engine import Alignment, SynthesisRequest  # noqa: E402
 from tests.support.speech_check import load_whisper, normalise, resample_to_16k  # noqa: E402
 
 SECTION = "## Word timestamps (bench/timestamps.py)"

@@ -134,7 +134,7 @@ def build_engine(workers):
 
 
 async def engine_first_chunk(engine, sentence):
-    from speech.engines import SynthesisRequest
+    from speech.stream.engine import SynthesisRequest
 
     t0 = time.perf_counter()
     chunks = engine.stream(SynthesisRequest(sentence, "heart"))

@@ -1,9 +1,10 @@
 """The speech app's settings: one table (SETTINGS) of every SPEECH_* setting, and `conf` to read them.
 
-Each row gives the variable, django-environ's parser for it, its default, the README's default and
-meaning cells, and the rule `manage.py check` holds it to. ttsproject/settings.py reads the
-environment through the table, speech/checks.py derives its checks from it, and
-tests/test_settings_table.py fails when the README's Settings table says otherwise.
+Each row gives the variable, django-environ's parser for it, its default, the default and meaning
+cells of the settings tables (docs/settings.md, and the README's main ones), and the rule
+`manage.py check` holds it to. ttsproject/settings.py reads the environment through the table,
+speech/checks.py derives its checks from it, and tests/test_settings_table.py fails when a settings
+table of the docs says otherwise.
 
 Modelled on django-cors-headers' conf.py: the code asks `conf.MAX_PENDING_CHARS` and tests can
 override a setting with `override_settings`. This module is imported by the settings module, so it
@@ -42,7 +43,7 @@ ENGINE_NAME = Rule(
     "speech.E001",
     "{name} is {value!r}; it must be one of: {choices}.",
     lambda value, allowed: value in allowed,
-    choices="speech.engines.ENGINES",
+    choices="speech.runtime.ENGINES",
 )
 UPSTREAM_RATE = Rule(
     "speech.E006",
@@ -90,8 +91,8 @@ class Setting:
     name: str
     parse: str  # django-environ's parser: Env.str, Env.int, Env.float, Env.bool or Env.list
     default: Any
-    meaning: str  # the README's meaning cell
-    shown: str = ""  # the README's default cell when it is not the default itself (unset, computed)
+    meaning: str  # the meaning cell of the docs' settings tables
+    shown: str = ""  # the docs' default cell when it is not the default itself (unset, computed)
     rule: Rule | None = None
     engine: str = ""  # checked only when SPEECH_ENGINE is this engine
 

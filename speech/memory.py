@@ -10,17 +10,16 @@ memory after a burst was glibc's malloc, in two ways:
 * freed heap pages between live blocks stay mapped until `malloc_trim(0)` gives them back.
 
 Fixing the threshold low (`mallopt(M_MMAP_THRESHOLD)`) would keep large blocks out of the heap, but
-it was measured to make Hibari's synthesis about 1.5x slower (its inference buffers are then
-mapped, zero-filled and unmapped on every call; measured in process: a 6-sentence paragraph
-0.23 s -> 0.36 s). So the server only trims: after large frames are freed
-(speech/server/budget.py) and when the server has gone quiet (speech/server/launcher.py), at most once a second,
+it made Hibari's synthesis slower (its inference buffers are then mapped, zero-filled and unmapped on
+every call: docs/decisions.md#memory-the-handshake-budget-and-memory-after-load). So the server only
+trims: after large frames are freed (speech/server/budget.py) and when the server has gone quiet
+(speech/server/launcher.py), at most once a second,
 in a thread (a trim walks the heaps under their locks; it never runs on the event loop).
 On a C library without these calls (musl, macOS) all of this is a no-op.
 
 A trim also hands back the synthesis threads' free working memory (`malloc_trim` releases free
-pages in every arena), and the next sentence faults it in again: measured, a first sentence 8 ms
-slower in process, and a session's first audio 18 ms later through the server when every
-disconnect that left the server quiet trimmed. So the trim for a quiet server waits until no
+pages in every arena), and the next sentence faults it in again, later to its first audio (measured:
+docs/decisions.md#memory-the-handshake-budget-and-memory-after-load). So the trim for a quiet server waits until no
 WebSocket has been open for QUIET_TRIM_AFTER_S, and runs only if the process grew by more than
 QUIET_TRIM_GROWTH_BYTES since the last trim: a burst (stalled readers' frames, many sessions at
 once) still goes back a few seconds after it ends, while sessions that follow each other keep

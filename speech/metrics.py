@@ -1,16 +1,15 @@
 """Prometheus metrics of this process, served at /metrics (prometheus-client's default registry).
 
-Every metric is defined here and fed from a few places only: the consumer at a session's start
-and end, the pipeline (engine time per segment, the first audio frame, every audio frame sent), the
-engine's thread pool (each job's wait for a thread and its run),
-the session's cancel, the `error` event builder (speech/stream/errors.py) and the API's HTTP handler
-(speech/web/apihandler.py). Each daphne process has its own registry: with several instances,
+Every metric is defined here and fed from a few places only: the admission at a session's start and
+end (its SessionSummary), `PrometheusMeter`, the Meter (speech/stream/meter.py) the server hands the
+session core and the engine's synthesis pool (engine time per segment, the first audio frame, every
+audio frame sent, cancels, error events, each pool job's wait, run and end), the handled refusals and
+the API's HTTP handler (speech/web/apihandler.py). Each daphne process has its own registry: with several instances,
 Prometheus scrapes every instance (its own address), not the load balancer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import ipaddress
 import logging
@@ -21,6 +20,7 @@ import weakref
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 from . import logcontext
+from .engines.jobs import pools
 from .server.flowcontrol import FlowControl
 
 logger = logging.getLogger(__name__)
@@ -75,17 +75,14 @@ REST_REQUESTS = Counter(
     "speech_rest_requests", "HTTP API requests, by endpoint (route name), method and status", ["endpoint", "method", "status"]
 )
 
-# Sessions started and not yet ended (a session dropped without an end leaves too).
-_live: weakref.WeakSet[object] = weakref.WeakSet()
+# Sessions started and not yet ended, by id (a session dropped without an end leaves too).
+_live: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
 SESSIONS_ACTIVE.set_function(lambda: len(_live))
 
 
 def _pool_jobs():
-    """Read at scrape time from the engine's pool, if the process has built an engine that has one."""
-    from . import engines
-
-    pool = getattr(engines._engine, "_pool", None)
-    return getattr(pool, "depth", 0) + getattr(pool, "running", 0)
+    """Read at scrape time from the synthesis pools of the process (the engine's, if it has one)."""
+    return sum(pool.depth + pool.running for pool in list(pools))
 
 
 ENGINE_QUEUE.set_function(_pool_jobs)
@@ -102,24 +99,22 @@ def session_started(session):
     """The socket is accepted: the session counts as active, and every log record from here on (in
     this task and the tasks it creates) carries its id."""
     logcontext.bind(session.session_id)
-    _live.add(session)
+    _live[session.session_id] = session
     logger.info("session started")
 
 
-def session_ended(session):
-    """Once per session, after its work has stopped: its outcome and one summary log line."""
-    if session not in _live:
+def session_ended(summary):
+    """Once per session, after its work has stopped (its SessionSummary, speech/stream/outcomes.py):
+    its outcome and one summary log line."""
+    if _live.pop(summary.session_id, None) is None:
         return
-    _live.discard(session)
-    outcome = session.outcome or "cancelled"
-    SESSIONS_ENDED.labels(outcome).inc()
-    pipeline = session.pipeline
+    SESSIONS_ENDED.labels(summary.outcome).inc()
     logger.info(
         "session ended: %s, %d segments, %d audio bytes, first audio %s",
-        outcome,
-        pipeline.sentences if pipeline else 0,
-        pipeline.bytes_sent if pipeline else 0,
-        f"{pipeline.first_audio_s:.3f} s" if pipeline and pipeline.first_audio_s is not None else "none",
+        summary.outcome,
+        summary.segments,
+        summary.bytes_sent,
+        "none" if summary.first_audio_s is None else f"{summary.first_audio_s:.3f} s",
     )
 
 
@@ -149,40 +144,36 @@ def refused(cause, detail):
     logger.warning("refused (%s): %s%s", cause, detail, more)
 
 
-# -- audio (speech/stream/pipeline.py) ---------------------------------------------------------
-async def timed(chunks, sample_rate):
-    """The engine's chunks, passed through; a stream that ends normally observes its engine time
-    and real-time factor. Closing this closes the engine's stream (its work is aborted)."""
-    busy, samples = 0.0, 0
-    async with contextlib.aclosing(chunks):
-        iterator = aiter(chunks)
-        while True:
-            started = time.perf_counter()
-            try:
-                chunk = await anext(iterator)
-            except StopAsyncIteration:
-                break
-            busy += time.perf_counter() - started
-            samples += getattr(chunk, "size", 0)  # an engine's word timings (Alignment) carry no audio
-            yield chunk
-    if samples:
-        SEGMENT_SYNTHESIS.observe(busy)
-        SEGMENT_RTF.observe(busy / (samples / sample_rate))
+# -- the core's and the synthesis pool's instrumentation (speech/stream/meter.py) ------------------
+class PrometheusMeter:
+    """The Meter (speech/stream/meter.py) of this process: each figure into its metric above."""
+
+    def first_audio(self, seconds):
+        TTFA.observe(seconds)
+
+    def audio_sent(self, nbytes, seconds):
+        AUDIO_BYTES.inc(nbytes)
+        AUDIO_SECONDS.inc(seconds)
+
+    def segment_synthesised(self, engine_s, audio_s):
+        SEGMENT_SYNTHESIS.observe(engine_s)
+        SEGMENT_RTF.observe(engine_s / audio_s)
+
+    def cancelled(self, origin):
+        CANCELS.labels(origin).inc()
+
+    def error_sent(self, error_type, code):
+        ERRORS.labels(error_type, "" if code is None else str(code)).inc()
+
+    def engine_job(self, waited, ran):
+        ENGINE_JOB_WAIT.observe(waited)
+        ENGINE_JOB.observe(ran)
+
+    def engine_job_end(self, outcome):
+        ENGINE_JOBS.labels(outcome).inc()
 
 
-def engine_job(waited, ran):
-    """A pool job ran (speech/engines/pool.py, on its thread): seconds it waited for the thread, and ran."""
-    ENGINE_JOB_WAIT.observe(waited)
-    ENGINE_JOB.observe(ran)
-
-
-def engine_job_end(outcome):
-    ENGINE_JOBS.labels(outcome).inc()
-
-
-def audio_sent(nbytes, seconds):
-    AUDIO_BYTES.inc(nbytes)
-    AUDIO_SECONDS.inc(seconds)
+METER = PrometheusMeter()
 
 
 # -- /metrics ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-from .stream.session import OUTCOME_COMPLETED, OUTCOME_DISCONNECTED, OUTCOME_FAILED, OUTCOME_TERMINATED
+from .stream.outcomes import OUTCOME_COMPLETED, OUTCOME_DISCONNECTED, OUTCOME_FAILED, OUTCOME_TERMINATED
 
 KEY_PREFIX = "tts_"
 
@@ -132,7 +132,7 @@ class SessionRecord(models.Model):
     """One WebSocket session, as the registry knows it: written when it starts and when it ends."""
 
     class Status(models.TextChoices):
-        # The session core's outcomes (speech/stream/session.py); labels equal the stored values.
+        # The session core's outcomes (speech/stream/outcomes.py); labels equal the stored values.
         ACTIVE = "active", "active"
         COMPLETED = OUTCOME_COMPLETED, OUTCOME_COMPLETED
         DISCONNECTED = OUTCOME_DISCONNECTED, OUTCOME_DISCONNECTED

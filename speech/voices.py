@@ -23,6 +23,7 @@ from django.db import IntegrityError, transaction
 from .audio.codecs import MEDIA_TYPES
 from .control import signals as control, registry
 from .models import Voice
+from .stream.engine import ReferenceVoice
 
 logger = logging.getLogger(__name__)
 
@@ -74,21 +75,10 @@ class AudioFacts:
     peak: float
 
 
-@dataclass(frozen=True)
-class ReferenceVoice:
-    """What an engine that clones voices gets for an uploaded voice."""
-
-    name: str
-    audio: bytes
-    container: str
-    transcript: str
-    language: str
-
-
 def reserved_names():
     from hibari.voices import VOICES
 
-    from .engines import get_engine
+    from .runtime import get_engine
 
     return {"default", *(v.lower() for v in VOICES), *(v.lower() for v in get_engine().capabilities.voices)}
 

@@ -22,6 +22,7 @@ import pytest
 
 from speech.engines.fake import FakeEngine
 from speech.stream.config import Limits
+from speech.stream.meter import NO_METER
 from speech.stream.session import SpeechSession
 
 from .support import tiers
@@ -60,11 +61,11 @@ def other_tasks():
 
 
 class Harness:
-    def __init__(self, engine, limits_, *, yield_on_send=False):
+    def __init__(self, engine, limits_, *, yield_on_send=False, meter=NO_METER):
         self.engine = engine
         self.limits = limits_
         self.t = Recorder(yield_on_send=yield_on_send)
-        self.session = SpeechSession(self.t, engine, limits_)
+        self.session = SpeechSession(self.t, engine, limits_, meter=meter)
 
     def start(self):
         self.session.start()
@@ -107,8 +108,8 @@ async def speech():
     """Factory for configured sessions (or, with configure=False, started unconfigured ones)."""
     made = []
 
-    async def make(engine=None, limits_=LIMITS, *, configure=True, yield_on_send=False, **config):
-        harness = Harness(engine or FakeEngine(), limits_, yield_on_send=yield_on_send).start()
+    async def make(engine=None, limits_=LIMITS, *, configure=True, yield_on_send=False, meter=NO_METER, **config):
+        harness = Harness(engine or FakeEngine(), limits_, yield_on_send=yield_on_send, meter=meter).start()
         made.append(harness)
         if configure:
             event = await harness.configure(**config)
@@ -122,11 +123,11 @@ async def speech():
 
 @pytest.fixture
 def process_engine(monkeypatch):
-    """The process's engine (speech.engines.get_engine) is a FakeEngine: voices 'fake' and 'alt'."""
-    import speech.engines
+    """The process's engine (speech.runtime.get_engine) is a FakeEngine: voices 'fake' and 'alt'."""
+    import speech.runtime
 
     fake = FakeEngine()
-    monkeypatch.setattr(speech.engines, "_engine", fake)
+    monkeypatch.setattr(speech.runtime, "_engine", fake)
     return fake
 
 
@@ -143,6 +144,17 @@ def fast_passwords(settings):
     """Django's MD5 hasher for the users a test creates: the production PBKDF2 costs about a second a user
     on this machine, and no test here is about password hashing (API keys have their own hashing)."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="module")
+def hibari():
+    """The Hibari engine with one synthesis thread, warmed up, for a test module."""
+    from speech.engines.hibari import HibariEngine
+
+    engine = HibariEngine(workers=1)
+    asyncio.run(engine.warm_up())
+    yield engine
+    asyncio.run(engine.aclose())
 
 
 @pytest.fixture(scope="session")

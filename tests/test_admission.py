@@ -11,7 +11,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient, override_settings
 
-import speech.engines
+import speech.runtime
 
 from .support.communicator import HANG_GUARD_S, PATH, QueuedEngine, application, event, output, send
 
@@ -74,7 +74,7 @@ async def test_running_sessions_are_not_affected_when_the_queue_grows():
 
 async def test_rest_speech_answers_503_with_retry_after(monkeypatch):
     engine = QueuedEngine(2.2)
-    monkeypatch.setattr(speech.engines, "_engine", engine)
+    monkeypatch.setattr(speech.runtime, "_engine", engine)
     response = await AsyncClient().post("/v1/audio/speech", json.dumps({"input": "Hello."}), content_type="application/json")
     assert response.status_code == 503
     assert response["Retry-After"] == "3"

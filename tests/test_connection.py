@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 
 from speech.server.connection import CLOSE_HANDSHAKE_TIMEOUT_S, AsgiConnection, Connection
-from speech.stream.session import Transport
+from speech.stream.transport import Transport
 
 
 def transport_members():

@@ -141,7 +141,8 @@ async def test_binary_first_frame_is_fatal():
     await comm.disconnect()
 
 
-async def test_disconnect_mid_segment_aborts_the_engine_work():
+async def mid_segment():
+    """A session whose first segment's second chunk is held, its look-ahead started."""
     engine = FakeEngine(chunks=3, hold=True)
     comm, _ = await connected(engine, stream_audio=True)
     await send(comm, {"type": "input.text", "text": "First one. Second one. Third one. "})
@@ -150,9 +151,27 @@ async def test_disconnect_mid_segment_aborts_the_engine_work():
     assert "bytes" in await output(comm)
     assert await comm.receive_nothing()  # held: the second chunk does not come
     assert engine.running == 2
+    return engine, comm
+
+
+async def test_disconnect_mid_segment_aborts_the_engine_work():
+    engine, comm = await mid_segment()
     await comm.disconnect()
     assert engine.running == 0
     assert engine.aborted == 2 and engine.completed == 0
+
+
+async def test_a_client_gone_without_a_close_frame_is_torn_down_after_the_newcomers_turns():
+    """A hang-up (1006) stops the session's engine work at once (`Pipeline.abandon`) and leaves the
+    rest of its teardown for later (consumers.TEARDOWN_DELAY_S): the loop turns right after it go to
+    the sessions that are still there."""
+    engine, comm = await mid_segment()
+    await comm.send_input({"type": "websocket.disconnect", "code": 1006})
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert engine.running == 0 and engine.aborted == 2  # the engine work stopped at once
+    assert not comm.future.done()  # the session is not torn down yet
+    await comm.wait(HANG_GUARD_S)  # the consumer ends once it is
 
 
 async def test_cancel_through_the_socket():

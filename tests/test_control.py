@@ -34,13 +34,9 @@ from speech.control.layer import SpeechChannelLayer
 from speech.control.slots import RedisSlots
 from speech.engines.fake import FakeEngine
 from speech.models import SessionRecord
-from speech.stream.session import (
-    OUTCOME_COMPLETED,
-    OUTCOME_DISCONNECTED,
-    OUTCOME_FAILED,
-    OUTCOME_TERMINATED,
-    TERMINATED_MESSAGE,
-)
+from speech.stream.outcomes import OUTCOME_COMPLETED, OUTCOME_DISCONNECTED, OUTCOME_FAILED, OUTCOME_TERMINATED
+from speech.stream.session import TERMINATED_MESSAGE
+from speech.stream.signal import ControlSignal
 from speech.web.admission import Admission
 
 from .conftest import CHUNK_BYTES, limits, other_tasks
@@ -352,6 +348,11 @@ async def test_the_group_is_joined_while_the_config_travels_and_configured_waits
 # -- SpeechSession.handle_signal ----------------------------------------------------------------------------
 
 
+async def signal(session, message):
+    """A channel-layer message as the consumer hands it to the session: read once (speech/stream/signal.py)."""
+    await session.handle_signal(ControlSignal.read(message))
+
+
 def audio_done(session_id, index, total_bytes, *, cancelled=False):
     return {
         "type": "audio.done",
@@ -378,7 +379,7 @@ async def speaking(speech, text="First one. Second one. Third one. "):
 async def test_server_cancel_mid_segment(speech):
     s, engine, sid, sent = await speaking(speech)
     assert engine.running == 2  # segment 0 and its look-ahead
-    await s.session.handle_signal(control.message(control.CANCEL, sid))
+    await signal(s.session, control.message(control.CANCEL, sid))
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)
     assert without_heard(await s.t.event()) == {
         "type": "input.cancelled",
@@ -418,11 +419,11 @@ async def test_server_cancel_when_idle_is_answered_like_a_client_cancel(speech):
     engine = FakeEngine(chunks=1)
     s = await speech(engine, stream_audio=True)
     sid = s.configured["session_id"]
-    await s.session.handle_signal(control.message(control.CANCEL, sid))  # nothing ever spoken
+    await signal(s.session, control.message(control.CANCEL, sid))  # nothing ever spoken
     assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 0)
     await s.text("Only one. ")
     await s.t.until("audio.done")
-    await s.session.handle_signal(control.message(control.CANCEL, sid))  # spoken and finished
+    await signal(s.session, control.message(control.CANCEL, sid))  # spoken and finished
     assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 1)
     await s.text("Again. ")
     done = (await s.t.until("audio.done"))[-1][1]
@@ -444,10 +445,10 @@ async def test_server_cancel_issued_before_the_current_speech_cuts_nothing(speec
     await s.t.event("audio.start", sentence_index=1)
     await s.t.binary()
     await s.t.binary()  # the first chunk is two frames; the rest is held
-    await s.session.handle_signal(stale)  # answered, cutting nothing
+    await signal(s.session, stale)  # answered, cutting nothing
     assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 2)
     older = dict(control.message(control.CANCEL, sid), issued_at=stale["issued_at"] - 3600)
-    await s.session.handle_signal(older)
+    await signal(s.session, older)
     assert without_heard(await s.t.event()) == cancelled_event(sid, 0, 2)
     await s.barrier()
     engine.allow(2)
@@ -459,7 +460,7 @@ async def test_server_cancel_issued_before_the_current_speech_cuts_nothing(speec
     await s.t.binary()
     await s.t.binary()
     await s.barrier()
-    await s.session.handle_signal(control.message(control.CANCEL, sid))
+    await signal(s.session, control.message(control.CANCEL, sid))
     done = (await s.t.until("audio.done"))[-1][1]
     assert done["sentence_index"] == 2 and done["cancelled"] is True
     assert (await s.t.event("input.cancelled"))["origin"] == "server"
@@ -477,7 +478,7 @@ async def test_late_cancel_does_not_clear_new_buffered_text(speech):
     stale = control.message(control.CANCEL, sid)  # meant for utterance 0, delivered late
     await s.t.until("audio.done")
     await s.text("The next answer is still stream")  # utterance 1 starts: buffered, no segment yet
-    await s.session.handle_signal(stale)
+    await signal(s.session, stale)
     await s.send({"type": "input.commit"})
     items = await s.t.until("input.committed")
     assert [v.get("type") for k, v in items] == ["input.cancelled", "input.committed"], items
@@ -490,9 +491,9 @@ async def test_late_cancel_does_not_clear_new_buffered_text(speech):
 @pytest.mark.parametrize("issued_at", [None, "2026-01-01", True], ids=["null", "string", "bool"])
 async def test_a_cancel_without_a_usable_issued_at_is_current(speech, issued_at):
     """(Raised TypeError before speech/stream/session.py checked the type.) Any Django code may send a cancel
-    without `issued_at` (README): it cuts the speech under way."""
+    without `issued_at` (docs/operations.md): it cuts the speech under way."""
     s, engine, sid, sent = await speaking(speech)
-    await s.session.handle_signal({"type": "speech.cancel", "session_id": sid, "issued_at": issued_at})
+    await signal(s.session, {"type": "speech.cancel", "session_id": sid, "issued_at": issued_at})
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)
     assert without_heard(await s.t.event()) == cancelled_event(sid, 3, 1)
     await s.barrier()
@@ -503,7 +504,7 @@ async def test_server_cancel_after_input_done_ends_the_session_normally(speech):
     """While draining: the cut segment, input.cancelled (server), then session.done and 1000."""
     s, engine, sid, sent = await speaking(speech)
     await s.send({"type": "input.done"})
-    await s.session.handle_signal(control.message(control.CANCEL, sid))
+    await signal(s.session, control.message(control.CANCEL, sid))
     assert await s.t.event() == audio_done(sid, 0, sent, cancelled=True)
     assert without_heard(await s.t.event()) == {
         "type": "input.cancelled",
@@ -521,7 +522,7 @@ async def test_server_cancel_after_input_done_ends_the_session_normally(speech):
 
 async def test_server_terminate_ends_the_session_with_4001(speech):
     s, engine, sid, sent = await speaking(speech)
-    await s.session.handle_signal(control.message(control.TERMINATE, sid))
+    await signal(s.session, control.message(control.TERMINATE, sid))
     assert await s.t.event() == {"type": "error", "message": TERMINATED_MESSAGE, "error_type": "server_error"}
     await s.t.closed(4001)
     assert s.t.pending() == [] and s.t.after_close == []
@@ -531,8 +532,8 @@ async def test_server_terminate_ends_the_session_with_4001(speech):
     assert other_tasks() == set()
     # Frames and further signals after the end change nothing.
     await s.send({"type": "input.text", "text": "Too late. "})
-    await s.session.handle_signal(control.message(control.CANCEL, sid))
-    await s.session.handle_signal(control.message(control.TERMINATE, sid))
+    await signal(s.session, control.message(control.CANCEL, sid))
+    await signal(s.session, control.message(control.TERMINATE, sid))
     assert s.t.pending() == [] and s.t.after_close == []
     assert s.session.outcome == OUTCOME_TERMINATED
     await s.finish()
@@ -542,7 +543,7 @@ async def test_server_terminate_with_a_reason_and_when_idle(speech):
     s = await speech(FakeEngine(), stream_audio=True)
     sid = s.configured["session_id"]
     reason = "speech session terminated: its voice 'fake' was removed"
-    await s.session.handle_signal(control.message(control.TERMINATE, sid, reason))
+    await signal(s.session, control.message(control.TERMINATE, sid, reason))
     assert await s.t.event() == {"type": "error", "message": reason, "error_type": "server_error"}
     await s.t.closed(4001)
     assert s.session.outcome == OUTCOME_TERMINATED
@@ -551,8 +552,8 @@ async def test_server_terminate_with_a_reason_and_when_idle(speech):
 
 async def test_signals_before_the_handshake_are_ignored(speech):
     s = await speech(FakeEngine(), configure=False)
-    await s.session.handle_signal(control.message(control.TERMINATE, s.session.session_id))
-    await s.session.handle_signal(control.message(control.CANCEL, s.session.session_id))
+    await signal(s.session, control.message(control.TERMINATE, s.session.session_id))
+    await signal(s.session, control.message(control.CANCEL, s.session.session_id))
     assert s.t.pending() == []
     configured = await s.configure(stream_audio=True)
     assert configured["session_id"] == s.session.session_id
@@ -562,7 +563,7 @@ async def test_signals_before_the_handshake_are_ignored(speech):
 
 async def test_unknown_signal_kind_is_ignored(speech):
     s, engine, sid, sent = await speaking(speech)
-    await s.session.handle_signal({"type": "speech.explode", "session_id": sid, "issued_at": time.time()})
+    assert ControlSignal.read({"type": "speech.explode", "session_id": sid, "issued_at": time.time()}) is None
     await s.barrier()
     engine.allow(6)  # two held chunks for each of the three segments
     await s.send({"type": "input.done"})
@@ -590,7 +591,7 @@ async def test_outcome_completed_after_input_done(speech):
     assert s.session.outcome == OUTCOME_COMPLETED  # aclose after the end does not rewrite it
 
 
-async def test_outcome_cancelled_when_the_client_leaves_mid_session(speech):
+async def test_outcome_disconnected_when_the_client_leaves_mid_session(speech):
     s, engine, sid, sent = await speaking(speech)
     await s.finish()  # aclose: the client disconnected
     assert s.session.outcome == OUTCOME_DISCONNECTED

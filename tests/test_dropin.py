@@ -15,9 +15,9 @@ from django.test import AsyncClient
 
 from speech.conf import OMNI_VOICES, OPENAI_VOICES, conf
 from speech.engines.fake import FakeEngine
+from speech.stream.engine import ReferenceVoice
 from speech.stream.errors import SpeechError
 from speech.stream.messages import read_config
-from speech.voices import ReferenceVoice
 
 from .support.communicator import HANG_GUARD_S, PATH, application, event, send
 
@@ -178,10 +178,10 @@ async def test_models_are_listed_in_openais_shape(process_engine):
 
 
 async def test_an_upstream_engine_lists_its_model_too(monkeypatch, settings):
-    import speech.engines
+    import speech.runtime
 
-    monkeypatch.setattr(speech.engines, "_engine", FakeEngine())
-    monkeypatch.setattr(speech.engines._engine, "capabilities", dataclasses.replace(CAPS, name="openai"))
+    monkeypatch.setattr(speech.runtime, "_engine", FakeEngine())
+    monkeypatch.setattr(speech.runtime._engine, "capabilities", dataclasses.replace(CAPS, name="openai"))
     settings.SPEECH_UPSTREAM_MODEL = "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"
     _, body = await get("/v1/models")
     assert [m["id"] for m in body["data"]] == ["openai", "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice"]

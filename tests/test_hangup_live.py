@@ -61,6 +61,8 @@ async def test_after_a_hang_up_no_job_of_that_session_waits_for_or_holds_a_threa
     after = record(server)
     assert after["dropped"] > before["dropped"]  # jobs they had queued never ran
     assert after["failed"] == before["failed"]
+    log = server.stderr_text()
+    assert "failed on a segment" not in log and "synthesis failed" not in log  # a hang-up is no engine failure
 
     result = await run_session(server.ws_url, CONFIG, ["A newcomer is served at once."])
     assert result.close_code == 1000 and result.audio_frames

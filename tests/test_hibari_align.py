@@ -10,7 +10,6 @@ and bench/timestamps.py.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 import unicodedata
@@ -18,13 +17,13 @@ import unicodedata
 import numpy as np
 import pytest
 
-from speech.engines.base import Alignment, SynthesisRequest
-from speech.engines.hibari import HibariEngine
 from speech.engines.hibari_align import STEP_FRAMES, model_with_durations, synthesise
 from speech.engines.hibari_words import normalised, plan
 from speech.engines.text import for_number_reader
 from speech.engines.traced import Traced
+from speech.stream.engine import Alignment
 from speech.stream.words import word_spans
+from tests.support.engine_items import speak
 
 RATE = 24000
 TEXTS = [
@@ -42,25 +41,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def engine():
-    engine = HibariEngine(workers=1)
-    asyncio.run(engine.warm_up())
-    yield engine
-    asyncio.run(engine.aclose())
-
-
-def speak(engine, text, **fields):
-    """[(item, samples yielded before it)] of one segment."""
-
-    async def run():
-        items, before = [], 0
-        request = SynthesisRequest(text=text, voice=engine.capabilities.default_voice, **fields)
-        async for item in engine.stream(request):
-            items.append((item, before))
-            before += 0 if isinstance(item, Alignment) else item.size
-        return items
-
-    return asyncio.run(run())
+def engine(hibari):
+    return hibari
 
 
 def audio_of(items):

@@ -17,8 +17,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from speech.engines.base import Alignment, SynthesisRequest
 from speech.engines.hibari import HibariEngine
+from speech.stream.engine import Alignment, SynthesisRequest
 from speech.stream.words import word_spans
 from tests.support.speech_check import normalise, transcribe
 

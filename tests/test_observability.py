@@ -149,7 +149,7 @@ def test_a_pool_job_is_counted_in_both_job_histograms():
     names = ("speech_engine_job_wait_seconds", "speech_engine_job_seconds")
     sample = metrics.REGISTRY.get_sample_value
     before = {name: (sample(name + "_count"), sample(name + "_sum")) for name in names}
-    metrics.engine_job(0.25, 0.5)
+    metrics.METER.engine_job(0.25, 0.5)
     after = {name: (sample(name + "_count"), sample(name + "_sum")) for name in names}
     assert [after[name][0] - before[name][0] for name in names] == [1, 1]
     assert [after[name][1] - before[name][1] for name in names] == pytest.approx([0.25, 0.5])
@@ -263,7 +263,7 @@ async def test_a_sessions_tasks_log_with_its_id(speech):
     handler = logging.Handler()
     handler.addFilter(logcontext.SessionFilter())
     handler.emit = records.append
-    pipeline_logger = logging.getLogger("speech.stream.pipeline")
+    pipeline_logger = logging.getLogger("speech.stream.producer")
     pipeline_logger.addHandler(handler)
     try:
         s = await speech(engine=FakeEngine(fail_on="BOOM", error=RuntimeError("boom")), stream_audio=True)
@@ -272,6 +272,6 @@ async def test_a_sessions_tasks_log_with_its_id(speech):
         await s.t.event("error")
     finally:
         pipeline_logger.removeHandler(handler)
-        metrics.session_ended(s.session)
+        metrics.session_ended(s.session.summary())
     assert [r.session_id for r in records] == [s.session.session_id]
     assert records[0].getMessage().startswith("synthesis failed")

@@ -1,5 +1,5 @@
 """Reading session.config (messages.read_config; docs/protocol.md, session.config fields), and
-speech.stream.protocol: parse_message and utf8_length_exceeds."""
+speech.stream.wire: parse_message and utf8_length_exceeds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from speech.engines.fake import FakeEngine
 from speech.stream.config import SessionConfig
 from speech.stream.errors import BAD_REQUEST, CLOSE_POLICY, SpeechError
 from speech.stream.messages import read_config
-from speech.stream.protocol import parse_message, utf8_length_exceeds
+from speech.stream.wire import parse_message, utf8_length_exceeds
 
 CAPS = FakeEngine().capabilities  # voices fake, alt; 24 kHz; speed 0.25-4.0; no ref_audio/instructions
 

@@ -11,7 +11,7 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.test import AsyncClient
 
-import speech.engines
+import speech.runtime
 from speech import metrics
 from speech.control import registry
 
@@ -75,7 +75,7 @@ async def test_a_session_refused_at_capacity_is_counted_and_a_rest_request_too(m
             pass
         assert message["code"] == 4013
         await comm.disconnect()
-        monkeypatch.setattr(speech.engines, "_engine", engine)
+        monkeypatch.setattr(speech.runtime, "_engine", engine)
         response = await AsyncClient().post("/v1/audio/speech", {"input": "Hello."}, content_type="application/json")
     assert response.status_code == 503 and response["Retry-After"] == "3"
     assert refusals(metrics.ENGINE_BUSY) == before + 2

@@ -110,3 +110,30 @@ async def test_a_batch_that_fails_on_its_connection_is_written_again_on_a_new_on
     sid = new_id()
     await writer.opened(sid, **ROW)
     assert len(failures) == 1 and (await row(sid))["status"] == "active"
+
+
+def test_rows_stored_as_cancelled_read_disconnected_after_the_migration():
+    """A client that left was stored as "cancelled" (barge-in's word) before speech/migrations/0005; its
+    rows say "disconnected" after it, as new ones do, and go back when it is reversed."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("speech", "0004_key_scopes_and_voice_owner")], [("speech", "0005_session_outcome_disconnected")]
+    executor = MigrationExecutor(connection)
+    try:
+        executor.migrate(before)
+        old = executor.loader.project_state(before).apps.get_model("speech", "SessionRecord")
+        left, done = new_id(), new_id()
+        old.objects.create(session_id=left, instance="i", voice="fake", engine="fake", status="cancelled")
+        old.objects.create(session_id=done, instance="i", voice="fake", engine="fake", status="completed")
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)
+        new = executor.loader.project_state(after).apps.get_model("speech", "SessionRecord")
+        assert dict(new.objects.values_list("session_id", "status")) == {left: "disconnected", done: "completed"}
+        assert SessionRecord.Status.DISCONNECTED == "disconnected"
+        executor = MigrationExecutor(connection)
+        executor.migrate(before)
+        assert dict(old.objects.values_list("session_id", "status")) == {left: "cancelled", done: "completed"}
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())

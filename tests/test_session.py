@@ -18,10 +18,12 @@ import numpy as np
 import pytest
 
 from speech.audio import signal as audio
-from speech.engines import EngineBusy
 from speech.engines.fake import FakeEngine
+from speech.stream.engine import EngineBusy
+from speech.stream.meter import NullMeter
+from speech.stream.outcomes import OUTCOME_DISCONNECTED, SessionSummary
 
-from .conftest import CHUNK_BYTES, LIMITS, SESSION_ID_RE, dumps, limits, other_tasks
+from .conftest import CHUNK_BYTES, HANG_GUARD_S, LIMITS, SESSION_ID_RE, dumps, limits, other_tasks
 from .support.heard import without_heard
 from .support.recorder import check_segment_order
 
@@ -419,6 +421,29 @@ async def test_cancel_mid_segment(speech):
     assert segments[1][0]["id"] == f"{sid}-1" and segments[1][0]["sentence_text"] == "Next one."
     assert segments[1][2] == audio_done(sid, 1, 3 * CHUNK_BYTES)
     assert items[-2][1]["total_sentences"] == 2
+    await s.finish()
+
+
+async def test_after_the_client_has_gone_no_further_segment_is_started(speech):
+    """`Pipeline.abandon` (the connection is lost, before the session's teardown): the segments'
+    synthesis stops at once, and a segment whose delivery ends afterwards starts none of those behind it."""
+    engine = FakeEngine(chunks=2, hold=True)
+    s = await speech(engine, stream_audio=True)
+    await s.text("First one. Second one. Third one. ")
+    await s.t.event("audio.start", sentence_index=0)
+    await s.t.binary()  # the look-ahead starts with the first frame
+
+    async def requested(n):
+        while len(engine.requests) < n:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(requested(2), HANG_GUARD_S)
+    s.session.pipeline.abandon()
+    done = await s.t.until("audio.done")  # both streams are stopped; delivery goes on to the second segment
+    while done[-1][1]["sentence_index"] != 1:
+        done = await s.t.until("audio.done")
+    assert engine.running == 0 and engine.aborted == 2
+    assert [r.text for r in engine.requests] == ["First one.", "Second one."]
     await s.finish()
 
 
@@ -938,7 +963,7 @@ async def test_timeout_that_fired_just_before_a_frame_is_void(speech, which):
     s = await speech(configure=which != "config")
     # The deadline passes: the event loop runs the timer's callback (white-box: we run it ourselves,
     # deterministically) ...
-    handle = s.session._timer
+    handle = s.session._timeout.handle
     assert handle is not None
     fire = handle._callback  # noqa: SLF001
     handle.cancel()  # it fires once, here, not again from the loop
@@ -950,4 +975,63 @@ async def test_timeout_that_fired_just_before_a_frame_is_void(speech, which):
         await s.send({"type": "session.keepalive"})
     await s.barrier()
     await s.barrier()  # the session must still be alive
+    await s.finish()
+
+
+# -- the session's ports out: its Meter, and its SessionSummary at the end ---------------------------------
+
+
+class RecordingMeter(NullMeter):
+    def __init__(self):
+        self.calls = []
+
+    def first_audio(self, seconds):
+        self.calls.append(("first_audio", seconds))
+
+    def audio_sent(self, nbytes, seconds):
+        self.calls.append(("audio_sent", nbytes, seconds))
+
+    def segment_synthesised(self, engine_s, audio_s):
+        self.calls.append(("segment_synthesised", audio_s))
+
+    def cancelled(self, origin):
+        self.calls.append(("cancelled", origin))
+
+    def error_sent(self, error_type, code):
+        self.calls.append(("error_sent", error_type, code))
+
+
+async def test_the_session_reports_to_the_meter_it_is_given_and_sums_up_at_its_end(speech):
+    """The core imports no metrics library: its figures go to the Meter the server hands it
+    (speech/metrics.py's), and what adapters read at its end is its SessionSummary."""
+    meter = RecordingMeter()
+    engine = FakeEngine(chunks=2)
+    s = await speech(engine, meter=meter, stream_audio=True)
+    await s.text("First one. ")
+    await s.t.event("audio.start")
+    frames = []
+    while (item := await s.t.next())[0] == "bytes":
+        frames.append(item[1])
+    assert item[1]["type"] == "audio.done" and item[1]["total_bytes"] == sum(map(len, frames))
+    await s.send({"type": "input.cancel"})
+    await s.t.event("input.cancelled")
+    await s.send({"type": "input.nope"})
+    assert await s.t.event() == unsupported("input.nope")
+    summary = await s.session.aclose()
+
+    sent = [call for call in meter.calls if call[0] == "audio_sent"]
+    assert [nbytes for _, nbytes, _ in sent] == [len(frame) for frame in frames]
+    first = [call for call in meter.calls if call[0] == "first_audio"]
+    assert first == [("first_audio", summary.first_audio_s)] and summary.first_audio_s > 0
+    assert ("segment_synthesised", pytest.approx(sum(seconds for _, _, seconds in sent))) in meter.calls
+    assert ("cancelled", "client") in meter.calls
+    assert ("error_sent", "BadRequestError", 400) in meter.calls
+    assert summary == SessionSummary(
+        session_id=s.configured["session_id"],
+        outcome=OUTCOME_DISCONNECTED,
+        segments=1,
+        bytes_sent=sum(len(frame) for frame in frames),
+        first_audio_s=summary.first_audio_s,
+    )
+    assert summary.outcome == "disconnected"  # the client left: not "cancelled", which is barge-in
     await s.finish()

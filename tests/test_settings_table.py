@@ -1,7 +1,8 @@
-"""The settings table (speech/conf.py) is the one source of the SPEECH_* settings: the README's
-Settings table, the settings module and `manage.py check` all follow it.
+"""The settings table (speech/conf.py) is the one source of the SPEECH_* settings: the full table in
+docs/settings.md, the main ones in the README's Settings section, the settings module and
+`manage.py check` all follow it.
 
-Only the SPEECH_* rows of the README are compared; DJANGO_*, DATABASE_URL, REDIS_URL, MEDIA_ROOT,
+Only the SPEECH_* rows of the docs are compared; DJANGO_*, DATABASE_URL, REDIS_URL, MEDIA_ROOT,
 HOST and PORT are read by ttsproject/settings.py and the Makefile themselves."""
 
 import os
@@ -16,40 +17,63 @@ import pytest
 from speech.checks import check_speech_settings
 from speech.conf import SETTINGS, conf, from_environment
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS_DOC = ROOT / "docs" / "settings.md"
+README = ROOT / "README.md"
 ROW = re.compile(r"^\| `(SPEECH_[A-Z0-9_]+)` \| (.*?) \| (.*?) \|$")
 
 
-def readme_rows():
-    """name -> (default cell, meaning cell) for the SPEECH_* rows of the README's Settings table."""
-    text = README.read_text()
-    section = text[text.index("\n## Settings\n") :]
-    section = section[: section.index("\n## ", 1)]
+def table_rows(text, where):
+    """name -> (default cell, meaning cell) for the SPEECH_* rows of a settings table in text."""
     rows = {}
-    for line in section.splitlines():
+    for line in text.splitlines():
         match = ROW.match(line)
         if match:
             name, default, meaning = match.groups()
-            assert name not in rows, f"{name} is in the README's Settings table twice"
+            assert name not in rows, f"{name} is in {where}'s settings table twice"
             rows[name] = (default, meaning)
     return rows
+
+
+def doc_rows():
+    return table_rows(SETTINGS_DOC.read_text(), "docs/settings.md")
+
+
+def readme_rows():
+    """The README's Settings section lists the main settings only."""
+    text = README.read_text()
+    section = text[text.index("\n## Settings\n") :]
+    return table_rows(section[: section.index("\n## ", 1)], "the README")
 
 
 def expected_row(setting):
     return f"| `{setting.name}` | {setting.readme_default} | {setting.meaning} |"
 
 
-def test_the_readme_names_every_setting_of_the_table_and_no_other():
-    in_readme, in_table = set(readme_rows()), {setting.name for setting in SETTINGS}
-    missing = "\n".join(expected_row(s) for s in SETTINGS if s.name not in in_readme)
-    assert in_readme == in_table, f"README has extra {sorted(in_readme - in_table)}; add:\n{missing}"
+def test_the_settings_page_names_every_setting_of_the_table_and_no_other():
+    in_doc, in_table = set(doc_rows()), {setting.name for setting in SETTINGS}
+    missing = "\n".join(expected_row(s) for s in SETTINGS if s.name not in in_doc)
+    assert in_doc == in_table, f"docs/settings.md has extra {sorted(in_doc - in_table)}; add:\n{missing}"
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda setting: setting.name)
-def test_the_readme_row_says_what_the_table_says(setting):
-    rows = readme_rows()
+def test_the_settings_page_row_says_what_the_table_says(setting):
+    rows = doc_rows()
     if setting.name in rows:  # a missing row fails the test above
         assert rows[setting.name] == (setting.readme_default, setting.meaning), f"the row should be:\n{expected_row(setting)}"
+
+
+def test_the_readme_rows_are_settings_of_the_table_and_say_what_it_says():
+    table = {setting.name: setting for setting in SETTINGS}
+    rows = readme_rows()
+    assert {"SPEECH_ENGINE", "SPEECH_REQUIRE_API_KEY"} <= set(rows), "the README lists the main settings"
+    assert sorted(set(rows) - set(table)) == [], "the README names a setting speech/conf.py does not have"
+    wrong = {
+        name: expected_row(table[name])
+        for name, cells in rows.items()
+        if cells != (table[name].readme_default, table[name].meaning)
+    }
+    assert wrong == {}, "the README's rows should be as in speech/conf.py"
 
 
 def test_the_readme_shows_the_defaults_as_written_in_the_table():
@@ -96,7 +120,7 @@ def test_the_default_workers_are_the_cores_the_process_may_use():
     )
     env = {key: value for key, value in os.environ.items() if key != "SPEECH_ENGINE_WORKERS"}
     env["DJANGO_SETTINGS_MODULE"] = "ttsproject.settings"
-    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=README.parent, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["1"]
 
 

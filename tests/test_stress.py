@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speech.engines.base import EngineError
 from speech.engines.pool import SYNTHESIS_NICE
 from speech.engines.text import for_engine, for_number_reader
 from speech.server.budget import FRAME_COST_FACTOR, OVER_BUDGET_MESSAGE, Budget
+from speech.stream.engine import EngineError
 from tests.support.live import open_session, run_session, send_json, serving, wait_for
 from tests.support.stress import ProcWatch, active_sessions, disconnects, frame_header, fuzz, raw_upgrade, tracebacks
 from tests.support.stress_load import large_config, large_configs, overload_burst, probe_first_audio
@@ -425,8 +425,8 @@ def test_segment_hibari_still_fails_is_one_log_line_and_the_contract_error(caplo
 def test_hibari_queues_a_segments_first_job_when_its_stream_is_asked_for_and_closing_it_drops_the_job():
     """speech/stream/pipeline.py asks for the stream in the step that queues the text: the job must be in
     the pool's queue then, not when the stream is first iterated; a stream closed unread leaves no work."""
-    from speech.engines import SynthesisRequest
     from speech.engines.hibari import HibariEngine
+    from speech.stream.engine import SynthesisRequest
 
     engine = HibariEngine(workers=1)
 
@@ -463,8 +463,8 @@ def test_a_hibari_stream_read_to_its_end_keeps_no_audio_alive():
     import gc
     import weakref
 
-    from speech.engines import SynthesisRequest
     from speech.engines.hibari import HibariEngine
+    from speech.stream.engine import SynthesisRequest
 
     engine = HibariEngine(workers=1)
 
@@ -507,8 +507,8 @@ def test_hibari_reads_no_entropy_on_the_event_loop(monkeypatch):
     first audio."""
     import random
 
-    from speech.engines import SynthesisRequest
     from speech.engines.hibari import HibariEngine
+    from speech.stream.engine import SynthesisRequest
 
     engine = HibariEngine(workers=1)
     reads = []
@@ -537,8 +537,8 @@ def test_hibari_quantises_on_its_synthesis_threads_when_asked(monkeypatch):
     """`SynthesisRequest.pcm16`: 16-bit chunks, the same seed's float32 chunks quantised, and quantised in
     the pool's jobs, never on the event loop (where it took an eighth of the loop's CPU: base.py)."""
     from speech.audio import signal
-    from speech.engines import SynthesisRequest
     from speech.engines.hibari import HibariEngine
+    from speech.stream.engine import SynthesisRequest
 
     engine = HibariEngine(workers=1)
     quantised_on = []

@@ -20,11 +20,10 @@ import pytest
 from django.test import override_settings
 
 from speech.checks import check_speech_settings
-from speech.engines.base import EngineBusy, EngineError, SynthesisRequest
 from speech.engines.openai import OpenAIEngine
+from speech.stream.engine import EngineBusy, EngineError, ReferenceVoice, SynthesisRequest
 from speech.stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
 from speech.stream.messages import read_config
-from speech.voices import ReferenceVoice
 
 from .support.audio_samples import CONTENT_TYPES, good
 from .support.upstream_mock import MockUpstream
@@ -234,7 +233,7 @@ def timed_reply():
 
 @pytest.mark.parametrize("pcm16", [False, True])
 async def test_timestamps_come_first_estimated_over_the_sound_and_its_pause(up, engines, pcm16):
-    from speech.engines.base import Alignment
+    from speech.stream.engine import Alignment
     from speech.stream.words import word_spans
 
     text = "Hello there, general Kenobi."
@@ -258,7 +257,7 @@ async def test_timestamps_come_first_estimated_over_the_sound_and_its_pause(up, 
 
 
 async def test_timestamps_of_silence_take_no_time(up, engines):
-    from speech.engines.base import Alignment
+    from speech.stream.engine import Alignment
 
     up.script(Reply(chunks=[SILENCE]))
     items, error = await outcome(engines(up.url), SynthesisRequest("Nothing heard here.", "default", timestamps=True))

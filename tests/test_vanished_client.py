@@ -21,7 +21,8 @@ from twisted.internet.asyncioreactor import AsyncioSelectorReactor
 
 from speech.engines.fake import FakeEngine
 from speech.server.connection import Connection
-from speech.stream.session import OUTCOME_FAILED, SpeechSession
+from speech.stream.outcomes import OUTCOME_FAILED
+from speech.stream.session import SpeechSession
 
 from .conftest import limits
 from .support.websocket import OpenedProtocol, opened

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from speech.engines.fake import FakeEngine
+from speech.stream.signal import ControlSignal
 from speech.stream.words import word_spans
 
 from .conftest import CHUNK_BYTES, RATE, limits
@@ -338,7 +339,7 @@ async def test_a_control_plane_cancel_estimates_what_was_heard_of_the_speaking_c
     s = await speech(FakeEngine(chunks=4), stream_audio=True)
     await s.send({"type": "input.text", "text": "The speaking turn. ", "context_id": "live"})
     await segment(s)
-    await s.session.handle_signal({"type": "speech.cancel", "session_id": s.configured["session_id"]})
+    await s.session.handle_signal(ControlSignal(type="speech.cancel", session_id=s.configured["session_id"]))
     cancelled = await s.t.event("input.cancelled", origin="server", context_id="live")
     assert cancelled["played_ms_source"] == "estimate"
     assert 0 <= cancelled["played_ms"] <= 4 * CHUNK_BYTES / 2 / RATE * 1000

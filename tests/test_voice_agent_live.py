@@ -50,24 +50,28 @@ healthy = healthy_after_each()
 
 async def timed_session(server, config, text=TEXT):
     """One session with word timestamps: (segments, the words of each segment in order), after
-    checking that every audio.timestamps comes after its audio.start and before its first frame."""
+    checking that a segment's first audio.timestamps comes after its audio.start and before its first
+    frame, and any later one (a segment sent in pieces) before the audio of the words it lists."""
     config = {"seed": SEED, "timestamps": "word", **config}
     result = await run_session(server.ws_url, config, [text])
     assert result.close_code == 1000, result.types()
     segments, problems = segments_of(result.items)
     assert problems == []
     words = {}
-    seen_audio = set()
-    current = None
+    sent_ms = {}  # audio sent of each segment so far, in ms (streamed raw formats: 1 or 2 bytes a sample)
+    width = 2 if config.get("response_format", "pcm") == "pcm" else 1
+    current = rate = None
     for item in result.items:
         if item.kind == "audio":
-            seen_audio.add(current)
+            sent_ms[current] = sent_ms.get(current, 0.0) + len(item.data) / width / rate * 1000
             continue
         event = item.data
         if event["type"] == "audio.start":
-            current = event["sentence_index"]
+            current, rate = event["sentence_index"], event["sample_rate"]
         elif event["type"] == "audio.timestamps":
-            assert event["sentence_index"] == current and current not in seen_audio, "timestamps after audio"
+            assert event["sentence_index"] == current
+            assert current in words or current not in sent_ms, "the first timestamps after audio"
+            assert all(w["start_ms"] >= sent_ms.get(current, 0.0) - 1 for w in event["words"]), "a word's audio before its time"
             assert "estimated" not in event, "Hibari's times are its own"
             words.setdefault(current, []).extend(event["words"])
     return segments, [words.get(segment.index, []) for segment in segments]
@@ -81,22 +85,23 @@ def check_words(segment, words, duration_ms):
     assert times == sorted(times) and times[-1] <= duration_ms
 
 
-_reference: list = []
+_reference: dict[bool, tuple] = {}
 
 
-async def reference(server):
-    """(segments, words) of the pcm session at 24 kHz, speed 1, non-streamed (cached)."""
-    if not _reference:
-        segments, words = await timed_session(server, {"response_format": "pcm"})
+async def reference(server, stream=False):
+    """(segments, words) of the pcm session at 24 kHz, speed 1, non-streamed or streamed (cached). A
+    streamed session gets its first segment in pieces (first words first): a streamed reference."""
+    if stream not in _reference:
+        segments, words = await timed_session(server, {"response_format": "pcm", "stream_audio": stream})
         for segment, segment_words in zip(segments, words, strict=True):
             check_words(segment, segment_words, len(segment.audio) / 2 / 24000 * 1000)
-        _reference.append((segments, words))
-    return _reference[0]
+        _reference[stream] = (segments, words)
+    return _reference[stream]
 
 
 @pytest.mark.parametrize("fmt,stream", [(fmt, False) for fmt in FORMATS] + [(fmt, True) for fmt in STREAMABLE])
 async def test_word_times_in_every_format_are_pcms(server, fmt, stream):
-    ref_segments, ref_words = await reference(server)
+    ref_segments, ref_words = await reference(server, stream)
     segments, words = await timed_session(server, {"response_format": fmt, "stream_audio": stream})
     assert [s.start["sentence_text"] for s in segments] == [s.start["sentence_text"] for s in ref_segments]
     assert words == ref_words
@@ -104,14 +109,14 @@ async def test_word_times_in_every_format_are_pcms(server, fmt, stream):
 
 @pytest.mark.parametrize("rate", [8000, 48000])
 async def test_word_times_do_not_depend_on_the_sample_rate(server, rate):
-    _, ref_words = await reference(server)
+    _, ref_words = await reference(server, stream=True)
     _, words = await timed_session(server, {"response_format": "pcm", "stream_audio": True, "sample_rate": rate})
     assert words == ref_words
 
 
 @pytest.mark.parametrize("speed", [0.5, 2.0])
 async def test_word_times_are_as_delivered_at_other_speeds(server, speed):
-    _, ref_words = await reference(server)
+    _, ref_words = await reference(server, stream=True)
     segments, words = await timed_session(server, {"response_format": "pcm", "stream_audio": True, "speed": speed})
     for segment, segment_words, ref in zip(segments, words, ref_words, strict=True):
         check_words(segment, segment_words, len(segment.audio) / 2 / 24000 * 1000)

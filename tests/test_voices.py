@@ -12,8 +12,8 @@ import re
 import pytest
 from django.db import IntegrityError, transaction
 
-from speech import voices
 from speech.models import Voice
+from speech.stream.engine import ReferenceVoice
 from speech.voices import VoiceError, check_claims, check_name, create_voice, delete_voice, find_voice, inspect_audio
 
 from .support import audio_samples as samples
@@ -399,7 +399,7 @@ def test_delete_voice_in_a_transaction_that_rolls_back_keeps_the_file(media):
 def test_find_voice_ignores_case_and_returns_the_audio(media, asked):
     voice = make("Grace", transcript="The quick brown fox.", language="en")
     found = find_voice(asked)
-    assert found == voices.ReferenceVoice("Grace", samples.good("wav"), "wav", "The quick brown fox.", "en")
+    assert found == ReferenceVoice("Grace", samples.good("wav"), "wav", "The quick brown fox.", "en")
     assert found.audio == (media / voice.audio.name).read_bytes()
 
 

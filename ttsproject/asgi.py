@@ -19,7 +19,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from speech.web.apihandler import APIHandler, PathRouter  # noqa: E402
 from speech.web.bodylimit import UploadLimit  # noqa: E402
 from speech.conf import conf  # noqa: E402
-from speech.engines import get_engine  # noqa: E402
+from speech.runtime import get_engine  # noqa: E402
 from speech.web.origin import origin_policy  # noqa: E402
 from speech.web.routing import websocket_urlpatterns  # noqa: E402
 

@@ -20,9 +20,9 @@ RAW_FORMATS = ("pcm", "mulaw", "alaw")
 SAMPLE_BYTES = {"pcm": 2, "mulaw": 1, "alaw": 1}  # a raw format's bytes a sample: s16le, G.711
 STREAMED_FORMATS = ("mp3", "opus", "aac")  # streamed as one stream a session (speech/audio/streaming.py)
 STREAMABLE_FORMATS = RAW_FORMATS + STREAMED_FORMATS
-# format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (~130x real time, docs/engines.md)
-# that encoders dominate the cost: LAME's -q 7 and FFmpeg AAC's fast coder halve it, with no
-# audible loss on speech (bench/audio_cost.py).
+# format -> (container, FFmpeg encoder, encoder options). Synthesis is so fast (docs/engines.md) that
+# encoders dominate the cost: LAME's -q 7 and FFmpeg AAC's fast coder cut it, with no audible loss on
+# speech (bench/audio_cost.py in bench/RESULTS.md).
 FILE_FORMATS = {
     "wav": ("wav", "pcm_s16le", {}),
     "flac": ("flac", "flac", {}),

@@ -63,16 +63,23 @@ def trim_silence(samples, rate, bounds=None):
     return out
 
 
-def normalise(samples):
-    """Scale to TARGET_RMS (measured where there is sound), never past PEAK_CEILING."""
-    if samples.size == 0:
-        return samples
-    peak = float(np.max(np.abs(samples)))
+def loudness_gain(samples):
+    """The gain `normalise` applies to `samples`: to TARGET_RMS (measured where there is sound), never
+    past PEAK_CEILING; 1 for silence."""
+    peak = float(np.max(np.abs(samples))) if samples.size else 0.0
     if peak < 1e-4:
-        return samples
+        return 1.0
     sounding = samples[np.abs(samples) > peak * GATE_RELATIVE]
     rms = float(np.sqrt(np.mean(np.square(sounding, dtype=np.float64))))
-    gain = min(TARGET_RMS / rms, PEAK_CEILING / peak)
+    return min(TARGET_RMS / rms, PEAK_CEILING / peak)
+
+
+def normalise(samples, gain=None):
+    """Scale to TARGET_RMS (measured where there is sound), never past PEAK_CEILING; or by `gain`, the
+    one chosen for the audio before these samples (a segment sent in pieces)."""
+    gain = loudness_gain(samples) if gain is None else gain
+    if gain == 1.0:
+        return samples
     return (samples * np.float32(gain)).astype(np.float32, copy=False)
 
 

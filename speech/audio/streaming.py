@@ -31,7 +31,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from ..engines.threads import demote, synthesis_niceness
+from ..threads import demote, synthesis_niceness
 from .codecs import EncodingError
 from .signal import pcm16
 
@@ -44,7 +44,7 @@ ENCODERS = {
 _priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
 # The encoding threads' niceness over the process's: the synthesis threads' (speech/engines/pool.py), below the
 # event loop's. Below synthesis (+10), a session's later frames waited behind everything else on a busy
-# machine: 4 sessions at once took 2.2x pcm's wall time for mp3 against 1.8x at +5 (docs/decisions.md).
+# machine (docs/decisions.md#streamed-encoding-settings-and-off-the-event-loop-2026-12-06).
 ENCODE_NICE = 5
 
 

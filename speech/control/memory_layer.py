@@ -2,10 +2,10 @@
 expired messages and group memberships run at most once every CLEAN_EVERY_S.
 
 The stock layer runs that clean-up, a walk over every channel and every group of the process, on every
-`receive` and `group_send`: each session's consumer calls `receive` when it starts, so with 2,000 sessions
-open every handshake walked 4,000 entries first, and 20 handshakes at once waited for 20 walks (p50 from
-the connect 20 -> 50 ms beside 2,000 idle sessions: bench/RESULTS.md, "Handshakes beside idle sessions";
-docs/decisions.md). What the walk removes (a message unread for the layer's `expiry`, 60 s; a membership
+`receive` and `group_send`: each session's consumer calls `receive` when it starts, so every handshake
+walked every open session's entries first, and handshakes arriving together waited for each other's
+walks (bench/RESULTS.md, "Handshakes beside idle sessions"; docs/decisions.md, "The in-memory channel
+layer cleans up once a second"). What the walk removes (a message unread for the layer's `expiry`, 60 s; a membership
 older than `group_expiry`, a day) can wait a second longer.
 """
 

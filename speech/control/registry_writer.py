@@ -1,14 +1,14 @@
 """The session registry's writes from the serving loop, in batches on a thread of their own.
 
-A registry write costs about a millisecond of CPU (Django, the driver, the commit), and on a busy machine
-that millisecond is taken from the handshakes and the audio of the sessions being served: written at
-once, beside the loop, a session's row made the next handshake 0.4 ms slower at p50 here
-(bench/handshake.py). So `RegistryWriter.opened` and `RegistryWriter.closed` return at once with a future, timestamps
-taken then; the writes collected over BATCH_WINDOW_S go to the registry thread together, in one
-transaction (speech/control/registry.py `write_batch`), and a session that ends before its row was
-written is written once, as it ended.
+A registry write costs CPU (Django, the driver, the commit), and on a busy machine it is taken from the
+handshakes and the audio of the sessions being served: written at once, beside the loop, a session's
+row made the next handshake slower (docs/decisions.md#the-registrys-writes-in-batches-off-the-loop).
+So `RegistryWriter.opened` and `RegistryWriter.closed` return at once with a future, timestamps taken
+then; the writes collected over BATCH_WINDOW_S go to the registry thread together, in one transaction
+(speech/control/registry.py `write_batch`), and a session that ends before its row was written is
+written once, as it ended.
 
-The thread keeps its database connection between batches (a new one costs 0.4 ms of CPU); a batch with a
+The thread keeps its database connection between batches (a new one costs CPU each time); a batch with a
 failed write closes it, and the failed writes are tried once more on a new connection, so a database that
 restarted or dropped an idle connection loses nothing.
 

@@ -2,8 +2,8 @@
 
 A live session's consumer is a member of the channel-layer group `speech.session.<session_id>` from
 just before its `session.configured` until it ends, and handles `speech.cancel` and
-`speech.terminate` messages. Any Django code reaches it with the layer's `group_send` (README,
-"Control signals"); `send` below adds what the product's own senders want: the time the signal was
+`speech.terminate` messages. Any Django code reaches it with the layer's `group_send` (docs/operations.md,
+"Control across instances"); `send` below adds what the product's own senders want: the time the signal was
 issued (so a cancel that was late cannot cut speech begun after it) and SignalsUnavailable when
 Redis cannot be reached (the REST endpoints answer 503).
 
@@ -20,6 +20,7 @@ import time
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from ..stream.signal import ControlSignal
 from .registry import instance_id
 
 CANCEL, TERMINATE = "cancel", "terminate"
@@ -36,7 +37,8 @@ def group(session_id):
 
 
 def message(kind, session_id, reason=""):
-    return {"type": f"speech.{kind}", "session_id": session_id, "issued_at": time.time(), "reason": reason}
+    """The channel-layer message of a signal (speech/stream/signal.py), issued now."""
+    return ControlSignal(type=f"speech.{kind}", session_id=session_id, issued_at=time.time(), reason=reason).model_dump()
 
 
 def _redis_layer(layer):

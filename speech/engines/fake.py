@@ -14,7 +14,8 @@ import asyncio
 import numpy as np
 
 from ..audio.signal import quantise
-from .base import Alignment, Capabilities, Engine, EngineError, SynthesisRequest
+from ..stream.meter import NO_METER
+from ..stream.engine import Alignment, Capabilities, Engine, EngineError, SynthesisRequest
 
 
 class FakeEngine(Engine):
@@ -59,7 +60,7 @@ class FakeEngine(Engine):
         self._permits = asyncio.Semaphore(0)
 
     @classmethod
-    def from_settings(cls, conf):
+    def from_settings(cls, conf, meter=NO_METER):
         """In a running server (SPEECH_ENGINE=fake: live tests, bench/throughput.py's delivery cost),
         audio about as long as the text spoken, at 15 characters a second, in 0.2 s chunks."""
         return cls(chunk_s=0.2, chunks=1, chars_per_s=15)

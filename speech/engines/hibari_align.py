@@ -20,8 +20,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .base import Alignment, WordTiming
+from ..stream.engine import Alignment, WordTiming
 from .hibari_words import Part, Plan
+from .jobs import release_point
 
 DURATIONS = "/Clip_output_0"
 STEP_FRAMES = 2
@@ -50,6 +51,7 @@ def synthesise(session, ids, speed, rng):
         return np.zeros(0, np.float32), np.zeros(0, np.int64)
     out = session.run(None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)})
     lh, th, ln, lr, phi, f0 = (o[0] for o in out[:6])
+    release_point()  # a job abandoned during the model's run stops here, before the vocoder
     return dsp.synth(lh, th, ln, lr, phi, f0, rng), np.rint(out[6]).astype(np.int64)
 
 

@@ -1,8 +1,8 @@
 """A synthesis job as its engine code and its caller see it (speech/engines/pool.py runs them).
 
-`Ticket`: a segment's place in the queue, and `abandon` when nobody will hear it. On a synthesis thread,
-a job marks its steps: `release_point()` between them (a held result goes out; an abandoned job stops
-there with `JobAbandoned`) and `stoppable(stop)` around a long call another thread can cut short.
+A job carries its segment's `Ticket` (speech/stream/engine.py). On a synthesis thread, a job marks its
+steps: `release_point()` between them (a held result goes out; an abandoned job stops there with
+`JobAbandoned`) and `stoppable(stop)` around a long call another thread can cut short.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # freed), DONE.
 WAITING, RUNNING, ABANDONED, DONE = "waiting", "running", "abandoned", "done"
 
-pools: weakref.WeakSet[SynthesisPool] = weakref.WeakSet()  # every pool of the process, for Ticket.abandon
+pools: weakref.WeakSet[SynthesisPool] = weakref.WeakSet()  # every pool of the process, stopped at exit
 held = threading.local()  # a synthesis thread's job (`job`) and finished job whose result waits (`notice`)
 
 
@@ -28,30 +28,10 @@ class JobAbandoned(Exception):
     """Raised at a release point of a job whose listener has gone: the job stops there."""
 
 
-class Ticket:
-    """A segment's place in the queue. The pipeline sets `current` when the segment becomes the one
-    being delivered; until then its jobs wait behind every current one. `deadline` (time.monotonic()
-    seconds) is when the session's client runs out of audio; None: due when the job was queued."""
+class SynthesisJob:
+    """One blocking call on a synthesis thread for a segment (its `ticket`); not the session's
+    SegmentJob (speech/stream/job.py), whose audio may take several."""
 
-    __slots__ = ("current", "deadline", "abandoned")
-
-    def __init__(self, current=True, deadline=None):
-        self.current = current
-        self.deadline = deadline
-        self.abandoned = False
-
-    def abandon(self):
-        """Nobody will hear this segment (hang-up, cancel): every pool drops its waiting jobs now and gives
-        the place of a running one to the next job at once; that one stops at its next release point."""
-        self.abandoned = True
-        for pool in list(pools):
-            pool.abandon(self)
-
-
-CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued; never abandoned
-
-
-class Job:
     __slots__ = ("fn", "args", "ticket", "seq", "future", "loop", "queued", "taken", "state", "worker", "stop")
 
     def __init__(self, fn, args, ticket, seq, loop):

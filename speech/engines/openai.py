@@ -34,7 +34,8 @@ import numpy as np
 from ..audio import signal as audio
 from ..audio.codecs import MEDIA_TYPES
 from ..stream.errors import BAD_REQUEST, RATE_LIMIT
-from .base import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
+from ..stream.meter import NO_METER
+from ..stream.engine import Capabilities, Engine, EngineBusy, EngineError, SynthesisRequest
 from .spread import spread
 from .text import for_engine
 
@@ -85,7 +86,7 @@ class OpenAIEngine(Engine):
         self.voice_refresh = None  # the background task asking the upstream again, while one runs
 
     @classmethod
-    def from_settings(cls, conf):
+    def from_settings(cls, conf, meter=NO_METER):
         return cls(
             url=conf.UPSTREAM_URL,
             api_key=conf.UPSTREAM_API_KEY,

@@ -1,96 +1,50 @@
 """The synthesis pool: blocking engine calls on a few threads, the most urgent first.
 
 Synthesis never runs on the event loop. Every session of the process shares one queue, and a free
-thread takes the most urgent job: one for a segment that is being delivered (`Ticket.current`)
-before any look-ahead, then the earliest deadline first. A ticket's deadline is when its session's
-client will have played all the audio it has been sent, or when the segment's text came if that is
-later (the pipeline keeps it up to date); a job without one (a REST request) is due when it was
-queued. So a session whose listener has seconds of audio in hand waits for a newcomer's first
-sentence and for a session that has run dry, and sessions that read as fast as they can advance
-together instead of drifting apart: a burst then ends with both threads busy, not with one thread
-finishing a straggler alone (bench/throughput.py's paragraph at C = 4 and 8, against first come,
-first served: 1.2-2.6 % more audio per wall second at C = 4 and 0.4-2.2 % at C = 8, the paired
-medians of five interleaved A/B runs of 40-48 rounds; two A/A runs of one code: 0.3-0.5 %).
+thread takes the most urgent job: one for a segment that is being delivered (`Ticket.current`) before
+any look-ahead, then the earliest deadline first. A ticket's deadline is when its session's client
+will have played all the audio it has been sent, or when the segment's text came if that is later
+(the pipeline keeps it up to date); a job without one (a REST request) is due when it was queued. So a
+listener with seconds of audio in hand waits for a newcomer's first sentence, and sessions that read as
+fast as they can advance together instead of drifting apart (docs/decisions.md#synthesis-earliest-deadline-first).
 
-No job waits forever: a deadline moves only while audio of its own segment is being sent, so newer
-work goes ahead of a job only if it is due sooner, before its listener would miss anything. The
-pipeline keeps at most one current and one look-ahead segment of a session in synthesis, so the
-queue holds at most two jobs a session and one session's 60 queued sentences cannot starve another's
-first one. Priorities are read when a thread frees: a look-ahead job whose segment becomes the one
-being delivered moves up at once.
+No job waits forever: a deadline moves only while audio of its own segment is being sent, so newer work
+goes ahead of a job only if it is due sooner. The pipeline keeps at most one current and one look-ahead
+segment of a session in synthesis, so one session's queued sentences cannot starve another's first one.
+Priorities are read when a thread frees: a look-ahead job whose segment becomes current moves up at once.
 
-The threads run at a lower CPU priority than the event loop (`SYNTHESIS_NICE`, Linux): with every core
-busy synthesising, the loop that hands a finished sentence to its client, answers handshakes and
-reads cancels still gets a core at once when it wakes, instead of waiting for a synthesis thread's
-time slice. It uses a few percent of the CPU, so synthesis loses nothing by it. Measured with
-bench/throughput.py's paragraph, four interleaved A/B runs of 40 rounds (three at +5, one at +19):
-first audio rank by rank against the raw engine 1.075-1.093x -> 1.055-1.076x at C = 4 and
-1.092-1.117x -> 1.073-1.090x at C = 8, throughput unchanged (paired medians 0.997-1.009). Before,
-with job timestamps, a finished job's result reached the loop 1-5 ms after the job ended, while its
-thread went on to the next job. Other processes on the machine at the default priority go before
-synthesis too; a server sharing its cores with other work should be given cores of its own.
+How the threads run (Linux; docs/decisions.md has the measurements of each):
 
-With one synthesis thread for each core the process may use (SPEECH_ENGINE_WORKERS's default), each
-thread is pinned to a core of its own (Linux). Unpinned, the wake-ups of the event loop and of the
-clients' threads on the same cores moved a synthesis thread to the other core now and then (0.03-0.05
-times per audio second, /proc's scheduler statistics), where its caches were cold (threads made to
-swap cores every 20 ms lost 1.6 % / 0.4 % of throughput at C = 4 / 8). Pinned, synthesis took 0.7-2.4 %
-less CPU per audio second, and bench/throughput.py's paragraph gained 0.7-2.0 % audio per wall second
-at C = 4 and 1.9-2.9 % at C = 8 (paired medians of five interleaved A/B runs of 12-40 rounds; first
-audio rank by rank 1.070 / 1.080 / 1.080x -> 1.067 / 1.065 / 1.073x at C = 4, 1.082 / 1.108 / 1.080x
--> 1.064 / 1.070 / 1.057x at C = 8 in the three runs against the raw engine). The raw engine alone
-gains nothing from it (paired 1.000 at C = 4, 0.995 at C = 8, 30 rounds): with nothing else on the
-cores, its threads stay where they are. Several processes on one host, each with the
-default, pin alike, so every core runs one synthesis thread of each, as the scheduler would spread
-them. With another number of threads nothing is pinned: some core would get two and another none.
+* below the event loop's CPU priority (`SYNTHESIS_NICE`), so the loop that delivers audio, answers
+  handshakes and reads cancels gets a core at once when it wakes; other processes at the default
+  priority go first too, so a server sharing its cores should be given cores of its own
+  (docs/decisions.md#synthesis-threads-below-the-event-loop);
+* with one thread for each core the process may use (SPEECH_ENGINE_WORKERS's default), each pinned to
+  a core of its own, so the loop's and clients' wake-ups do not move it onto cold caches; several
+  processes with the default pin alike; with another number of threads nothing is pinned
+  (docs/decisions.md#synthesis-threads-pinned-one-to-a-core);
+* a job queued while a thread is free is handed over: `submit` waits (at most HANDOFF_WAIT_S) until
+  that thread has started it, rather than the woken thread waiting for the GIL while the loop reads
+  other sessions' messages; a job queued behind busy threads never makes the loop wait
+  (docs/decisions.md#jobs-handed-over-to-the-synthesis-threads);
+* a thread that finishes a job takes the next waiting one itself. With release points
+  (`release_points=True`: Hibari calls `release_point()` just before its model's run, which releases
+  the GIL) and a listener with more than HOLD_MARGIN_S of audio in hand, it holds the result back until
+  the next job's release point (or end), so the loop delivers while the thread runs the model instead
+  of racing it for the GIL. A result a listener is waiting for (a first audio, a REST request) is never
+  held (docs/decisions.md#jobs-handed-over-to-the-synthesis-threads).
 
-A job the event loop queues while a thread is free is handed over: `submit` waits until that thread
-has started it (at most HANDOFF_WAIT_S). Otherwise the woken thread waits for the GIL while the loop
-goes on with other sessions' messages, until the switch interval forces the GIL out: with four texts
-arriving together, the first job started 0.92 ms after it was queued and the second 1.36 ms; handed
-over, 0.13 and 0.28 ms, and the four sessions' first jobs started 0.3-1.7 ms sooner after their text
-(job timestamps, 20 rounds of bench/throughput.py's paragraph at C = 4). The loop then waits while the
-thread runs the job's first Python (G2P, about 0.4 ms a sentence), which it would have waited for
-anyway at the next forced switch. Three interleaved A/B runs of 40 rounds: first audio rank by rank
-against the raw engine 1.091 / 1.091 / 1.078x -> 1.067 / 1.074 / 1.062x at C = 8, 1.061 / 1.052 /
-1.062x -> 1.057 / 1.041 / 1.068x at C = 4, throughput unchanged (paired medians 0.994-1.004). A job
-queued behind busy threads never makes the loop wait.
+Nothing is refused here: a job a session has accepted waits its turn. Overload is handled before work
+is accepted: a handshake or a REST request is refused while `estimated_wait` is over
+SPEECH_MAX_QUEUE_WAIT_S.
 
-A thread that finishes a job takes the next waiting one itself. If the pool's jobs have release points
-(`release_points=True`: Hibari's call `release_point()` just before the model's run, which releases
-the GIL) and the finished job's listener has more than HOLD_MARGIN_S of audio in hand, the thread holds
-the result back until the next job reaches its release point (or ends), instead of handing it over
-at once. Handed over at once, the wake-up of the event loop races the thread for the GIL: the loop
-usually won and delivered, and the thread waited for the switch interval before it could start the
-next job's text, 0.62 ms between two jobs (p50) against 0.17 ms in the raw engine's rounds; held back,
-the loop delivers while the thread runs the model, 0.05 ms between jobs (job timestamps, 30 rounds of
-bench/throughput.py's paragraph at C = 4). Four interleaved A/B runs of 40 rounds: the loop's CPU per
-audio second 0.225 / 0.228 / 0.242 / 0.277 -> 0.211 / 0.212 / 0.218 / 0.252 ms at C = 4 and 0.224 /
-0.228 / 0.235 / 0.276 -> 0.204 / 0.207 / 0.216 / 0.252 ms at C = 8 (6-10 % less); first audio rank by
-rank against the raw engine 1.088 / 1.087 / 1.096 / 1.078x -> 1.071 / 1.074 / 1.073 / 1.084x at C = 8,
-at C = 4 1.068 / 1.089 / 1.085 / 1.077x -> 1.073 / 1.092 / 1.074 / 1.061x; throughput unchanged
-(paired 0.998-1.009). The threads' time between jobs was the loop's time on a core, not idle time: the
-loop's delivery now runs beside the model instead. A result whose listener is waiting for it, a
-segment's first audio or a REST request, is never held.
+A job whose listener is gone frees the engine at once: speech/engines/abandoning.py.
 
-Nothing is refused here: a job a session has accepted waits its turn. Overload is handled before
-work is accepted: a WebSocket handshake or a REST request is refused while `estimated_wait` is
-over SPEECH_MAX_QUEUE_WAIT_S.
-
-A job whose listener is gone frees the engine at once: `Ticket.abandon` (the pipeline's, on a cancel, or
-when the connection is lost, before the application hears of it) or the awaiting task cancelled. Its
-waiting jobs are dropped unrun; a running one gives its place away at once and stops at its next step:
-its model run is told to stop (`stoppable`: ONNX Runtime's terminate flag, checked between the graph's
-nodes) and it stops at its next release point (`JobAbandoned`). Meanwhile its thread runs at the lowest
-CPU priority and leaves the pool when the job ends, and the next waiting job starts on a new thread on
-the same core, once the event loop's turn is over (the hang-ups of that turn are all known by then).
-Before, a newcomer's first sentence waited for the rest of the step of a client that had left
-(bench/hangup.py in bench/RESULTS.md; docs/decisions.md).
-
-Every job that runs is timed into two histograms of speech/metrics.py: how long it waited for a
-thread and how long it ran on one. Every job's end is counted by outcome (`speech_engine_jobs_total`):
-completed, failed, dropped (never started: its listener had left), stopped (at its next step, its
-listener gone), unheard (ran to its end after its listener left: it was in a step that cannot stop).
+Every job that runs reports to the pool's meter (speech/stream/meter.py; the server's is
+speech/metrics.py) how long it waited for a thread and how long it ran on one. Every job's end is
+reported by outcome (`speech_engine_jobs_total`): completed, failed, dropped (never started: its
+listener had left), stopped (at its next step, its listener gone), unheard (ran to its end after its
+listener left: it was in a step that cannot stop).
 """
 
 from __future__ import annotations
@@ -102,16 +56,14 @@ import sys
 import threading
 import time
 
-from .. import metrics
+from ..stream.engine import CURRENT, queues
+from ..stream.meter import NO_METER
 from .jobs import (
     ABANDONED,
-    CURRENT,
     DONE,
     RUNNING,
-    WAITING,
-    Job,
+    SynthesisJob,
     JobAbandoned,
-    Ticket,
     gone,
     post,
     held,
@@ -120,13 +72,14 @@ from .jobs import (
     release_point,
     stoppable,
 )
-from .threads import LOWEST_NICE, demote, place_thread, synthesis_cores, synthesis_niceness
+from .abandoning import Abandoning
+from ..threads import place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
 HANDOFF_WAIT_S = 0.002  # at most this long the event loop waits for an idle thread to start a job it submitted
 HOLD_MARGIN_S = 0.1  # a result is held back for the next job's release point only if its listener has this much audio in hand
-SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (weight 1024 -> 335)
+SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (a third of its CPU weight)
 
 
 class _Worker:
@@ -143,9 +96,10 @@ class _Worker:
         self.retired = False
 
 
-class SynthesisPool:
-    def __init__(self, workers, name, *, release_points=False):
+class SynthesisPool(Abandoning):
+    def __init__(self, workers, name, *, release_points=False, meter=NO_METER):
         self.workers = workers
+        self.meter = meter  # each job's wait, run and end (speech/stream/meter.py)
         self.release_points = release_points  # the jobs call release_point() before their model runs
         self.name = name
         linux = sys.platform.startswith("linux")  # a thread's own niceness and cores; elsewhere a thread's id is not a process's
@@ -153,16 +107,18 @@ class SynthesisPool:
         cores = synthesis_cores(workers) if linux else None
         self._core_load = dict.fromkeys(cores, 0) if cores else {}  # live (not retired) threads on each pinned core
         self._lock = threading.Lock()  # jobs finish on worker threads; callers may be on several loops
-        self._waiting: list[Job] = []  # scanned when a thread frees: at most two jobs a session
-        self._active: set[Job] = set()  # running, not abandoned
+        self._waiting: list[SynthesisJob] = []  # scanned when a thread frees: at most two jobs a session
+        self._active: set[SynthesisJob] = set()  # running, not abandoned
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._closed = False
+        self._settling = False  # hang-ups of this turn of the event loop are being read: no job is taken
         self._seq = itertools.count()
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
         self._alive: set[threading.Thread] = set()  # this pool's threads that have not ended
         pools.add(self)
+        queues.add(self)  # Ticket.abandon reaches this pool
 
     @property
     def depth(self):
@@ -190,7 +146,9 @@ class SynthesisPool:
     def submit(self, fn, *args, ticket=CURRENT):
         """Queue a job now, without waiting: it has its place before the caller's next await. `wait`
         for its result, or `discard` it."""
-        job = Job(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        job = SynthesisJob(fn, args, ticket, next(self._seq), asyncio.get_running_loop())
+        if ticket.abandoned:  # its listener has gone already: it never waits
+            return self._drop_unqueued(job)
         with self._lock:
             if self._closed:  # the job can never run
                 job.future.set_exception(RuntimeError("synthesis pool is shut down"))
@@ -207,62 +165,6 @@ class SynthesisPool:
         except asyncio.CancelledError:
             self.discard(job)
             raise
-
-    def discard(self, job):
-        """Nobody wants the job's result: a waiting job is dropped; a running one gives its place to the next
-        waiting job at once, its thread demoted to the lowest priority until it stops (at its next release
-        point, or its end) and leaves. Its future is cancelled, so its result or error is handed to no one."""
-        with self._lock:
-            freed = self._let_go(job)
-        job.future.cancel()
-        if freed:
-            self._dispatch_soon()
-
-    def abandon(self, ticket):
-        """`Ticket.abandon`'s work here: every job of `ticket` is let go (as `discard` does), its awaiting
-        task told with JobAbandoned."""
-        with self._lock:
-            jobs = [job for job in (*self._waiting, *self._active) if job.ticket is ticket]
-            freed = [self._let_go(job) for job in jobs]
-        for job in jobs:
-            post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
-        if any(freed):
-            self._dispatch_soon()
-
-    def _dispatch_soon(self):
-        """Start waiting jobs on freed places once this turn of the event loop is over: when several
-        clients hang up together, their disconnects come in one turn, and a place freed by the first
-        would otherwise go to a waiting job of the next one to leave, on a thread of its own."""
-        try:
-            asyncio.get_running_loop().call_soon(self._dispatch)
-        except RuntimeError:  # not on an event loop: now
-            self._dispatch()
-
-    def _let_go(self, job):
-        """Under the lock: drop `job` if it waits; if it runs, free its place and retire its thread. True
-        when a place was freed."""
-        if job.state == WAITING and job in self._waiting:
-            self._waiting.remove(job)
-            job.state = DONE
-            metrics.engine_job_end("dropped")
-        elif job.state == RUNNING:
-            job.state = ABANDONED
-            if job.stop is not None:
-                job.stop()
-            self._active.discard(job)
-            self._running -= 1
-            if job.worker is not None:
-                self._retire(job.worker)
-            return True
-        return False
-
-    def _retire(self, worker):
-        """Under the lock: `worker` leaves the pool after its job; its core is free for a new thread."""
-        worker.retired = True
-        if worker.core is not None:
-            self._core_load[worker.core] -= 1
-        if worker.native_id is not None:
-            demote(worker.native_id, LOWEST_NICE)
 
     def _dispatch(self):
         """Start waiting jobs on free places, the most urgent first (`submit`'s and `discard`'s call: a
@@ -339,8 +241,8 @@ class SynthesisPool:
             post_held()  # the previous job's result, if this one never reached a release point
             outcome = _outcome(job, ran, error)
             if ran:
-                metrics.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
-            metrics.engine_job_end(outcome)
+                self.meter.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
+            self.meter.engine_job_end(outcome)
             with self._lock:
                 if job.state == ABANDONED:  # its place was given away: this thread leaves
                     following = None
@@ -369,17 +271,13 @@ class SynthesisPool:
     def _take(self):
         """The most urgent waiting job, now counted as running (under the lock), or None. Jobs whose
         listener has gone are dropped on the way."""
-        if self._running >= self.workers or not self._waiting:
+        if self._running >= self.workers or not self._waiting or self._settling:
             return None
         if any(job.ticket.abandoned for job in self._waiting):
-            for job in [job for job in self._waiting if job.ticket.abandoned]:
-                self._waiting.remove(job)
-                job.state = DONE
-                metrics.engine_job_end("dropped")
-                post(job.loop, job.future, None, JobAbandoned())
+            self._drop_abandoned()
             if not self._waiting:
                 return None
-        job = min(self._waiting, key=Job.urgency)
+        job = min(self._waiting, key=SynthesisJob.urgency)
         self._waiting.remove(job)
         job.state = RUNNING
         self._active.add(job)
@@ -437,4 +335,4 @@ def _outcome(job, ran, error):
     return "failed" if error is not None else "completed"
 
 
-__all__ = ["CURRENT", "JobAbandoned", "SynthesisPool", "Ticket", "release_point", "stoppable"]
+__all__ = ["JobAbandoned", "SynthesisPool", "release_point", "stoppable"]

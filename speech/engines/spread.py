@@ -21,7 +21,7 @@ import numpy as np
 
 from ..audio.signal import GATE_FRAME_S, loud_frames
 from ..stream.words import PAUSE_WEIGHT, estimate, word_spans
-from .base import Alignment, WordTiming
+from ..stream.engine import Alignment, WordTiming
 
 PAUSE_S = 0.12  # shorter gaps are inside speech (stop closures), not pauses
 

@@ -2,8 +2,9 @@
 
 A `session.config` may be 16 MiB, and daphne takes a frame whole before the application sees it:
 autobahn keeps the frame's chunks, joins them into one bytes object, daphne decodes that into a
-str and queues it for the application, which parses it in a thread. Twenty such frames at once
-took a process from 300 to 735 MB. So memory is reserved where it is first spent:
+str and queues it for the application, which parses it in a thread. A burst of such frames at once
+grew a process by their size several times over (docs/decisions.md#memory-the-handshake-budget-and-memory-after-load).
+So memory is reserved where it is first spent:
 
 * the WebSocket protocol (speech/server/websocket.py, plugged in by speech/server/launcher.py) reserves
   `FRAME_COST_FACTOR` x the length a frame header announces, before any of its payload is read; when
@@ -29,7 +30,7 @@ import asyncio
 from .. import memory, metrics
 from ..conf import conf
 from ..stream.errors import CLOSE_CAPACITY, RATE_LIMIT, SpeechError
-from ..stream.protocol import parse_message
+from ..stream.wire import parse_message
 
 LARGE_FRAME_BYTES = 1 << 20
 # Measured per 16 MiB ASCII config: the chunk list and its joined copy (both alive while daphne

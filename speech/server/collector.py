@@ -3,9 +3,9 @@
 CPython's full collection (generation 2) stops the event loop for as long as it takes to walk every
 tracked object, and an open session keeps about 150 of them (its consumer, protocol, transport, tasks,
 events, header lists). It runs once the objects promoted since the last one reach a quarter of those that
-survived it: with 2,000 idle sessions open, a pause of about 200 ms every ~750 handshakes, against
-about 12 ms with none open, and the handshakes under way when it struck waited for it (figures:
-bench/RESULTS.md, "Handshake and channel layer", part 4; docs/decisions.md). Sessions cannot simply
+survived it, so with many idle sessions open its pauses grow with them, and the handshakes under way
+when it struck waited for it (figures: bench/RESULTS.md, "Handshake and channel layer", part 4;
+docs/decisions.md#full-garbage-collections-leave-open-sessions-frozen-speechservercollectorpy-2026-12-06). Sessions cannot simply
 be left out: an ended session is cyclic garbage (daphne's, Twisted's and autobahn's objects refer to
 each other), which only a collection frees.
 

@@ -30,8 +30,8 @@ CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
 # autotunes up to megabytes (tcp_wmem), which for a client reading at real time is more than a
 # minute of audio queued in front of every ping and close frame: daphne's ping timeout and
 # autobahn's close handshake would then drop the connection with a reset, and a reset discards the
-# audio the client has not read yet. 64 KiB (+ Twisted's 64 KiB) is about 2.7 s of 24 kHz audio and
-# still 1 GB/s at loopback and 25x real time for 48 kHz at 50 ms round trips.
+# audio the client has not read yet. 64 KiB (+ Twisted's 64 KiB) holds a few seconds of audio and still
+# streams far faster than real time at internet round trips (docs/decisions.md#delivery-frames-and-writes).
 SEND_BUFFER_BYTES = 64 * 1024
 
 

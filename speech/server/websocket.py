@@ -52,6 +52,7 @@ class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
     def _refuse_over_budget(self):
         metrics.refused(metrics.MEMORY_BUDGET, f"a {self.frame_length}-byte frame from {self.peer}: memory budget in use")
         error = over_budget_error()
+        metrics.METER.error_sent(error.error_type, error.code)
         self.sendMessage(json.dumps(error.event()).encode(), isBinary=False)
         self.sendClose(code=error.close_code)
         # autobahn drops this frame's payload and every later frame; daphne still tells the
@@ -84,7 +85,7 @@ class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
         (`sendmsg`) instead of being joined first. The application calls this through its Connection
         (speech/server/connection.py), not through Channels' `send`, daphne's `handle_reply` and
         `serverSend` and autobahn's `sendMessage` and `sendFrame`, which do nothing more for an open
-        connection (docs/decisions.md).
+        connection and cost the event loop CPU for every frame (docs/decisions.md#delivery-frames-and-writes).
         Raises autobahn's Disconnected once the connection is not open, as `sendMessage` does, and when it
         finds the connection gone (`_to_transport`)."""
         if self.state != self.STATE_OPEN or self.gone:

@@ -1,3 +1,5 @@
 """The session core, plain asyncio: the wire protocol, the session, segmentation, the synthesis
-pipeline and the protocol's errors. It imports neither Django nor Channels (tests/test_layout.py):
-the web side hands it a transport, an engine and its Limits."""
+pipeline and the protocol's errors, with the ports it talks to the world through: `Transport`
+(session.py), the engine (engine.py), the `Meter` (meter.py). It imports nothing of the adapters,
+Django, Channels, daphne, Twisted or Prometheus (tests/test_layout.py): the server hands it a
+transport, an engine, a meter and its Limits, and reads its end from its SessionSummary."""

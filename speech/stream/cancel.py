@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from .. import metrics
 from .events import InputCancelled
 from .utterance import Utterance
 
 if TYPE_CHECKING:
     from .contexts import Context, Contexts
+    from .meter import Meter
     from .pipeline import Pipeline
-    from .session import Transport
+    from .transport import Transport
 
 Origin = Literal["client", "server"]  # who asked for a cancel: input.cancel, or the control plane
 
@@ -32,12 +32,14 @@ class Canceller:
         contexts: Contexts,
         pipeline: Pipeline,
         total: Callable[[Context | None], int],
+        meter: Meter,
     ) -> None:
         self.session_id = session_id
         self.transport = transport
         self.contexts = contexts
         self.pipeline = pipeline
         self.total = total  # total_sentences of an event about a context (session.py)
+        self.meter = meter
 
     async def cancel(self, context_id: str | None, played_ms: float | None, origin: Origin) -> None:
         if context_id is None:
@@ -109,7 +111,7 @@ class Canceller:
         spoken, unspoken = utterance.heard(played)
         if cut:
             self.pipeline.drop_unplayed(utterance)
-        metrics.CANCELS.labels(origin).inc()
+        self.meter.cancelled(origin)
         await self.transport.send_json(
             InputCancelled(
                 session_id=self.session_id,

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import CLOSE_POLICY, SpeechError, fatal
 
 if TYPE_CHECKING:  # for the annotations only: the stream core imports nothing of Django at run time
-    from ..engines.base import Capabilities
-    from ..voices import ReferenceVoice
+    from .engine import Capabilities, ReferenceVoice
 
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 TELEPHONY_FORMATS, TELEPHONY_RATE = ("mulaw", "alaw"), 8000  # G.711 defaults to the telephone rate
@@ -75,7 +74,7 @@ class SessionConfig:
     split_granularity: str = "sentence"
     timestamps: bool = False  # `audio.timestamps` before each segment's audio (timestamps: "word")
     options: dict[str, Any] = field(default_factory=dict)  # forwarded to the engine
-    reference: Any = None  # an uploaded voice (speech.voices.ReferenceVoice) for engines that clone
+    reference: Any = None  # an uploaded voice (speech.stream.engine.ReferenceVoice) for engines that clone
 
 
 class UnknownVoice(SpeechError):

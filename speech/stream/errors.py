@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import metrics
-
 # Close codes (docs/protocol.md, Close codes): 4000 + the RFC 6455 code they stand for.
 CLOSE_NORMAL = 1000
 CLOSE_TERMINATED = 4001
@@ -48,9 +46,7 @@ class SpeechError(Exception):
         """The `error` event (events.ErrorEvent) as sent; `extra`: the segment's id, sentence_index, partial_audio."""
         from .events import ErrorEvent  # here: events.py and messages.py import this module
 
-        body = ErrorEvent(message=self.message, error_type=self.error_type, param=self.param, code=self.code, **extra).dump()
-        metrics.ERRORS.labels(self.error_type, "" if self.code is None else str(self.code)).inc()  # built to be sent
-        return body
+        return ErrorEvent(message=self.message, error_type=self.error_type, param=self.param, code=self.code, **extra).dump()
 
 
 def bad_request(message: str, param: str | None = None, *, close_code: int | None = None) -> SpeechError:

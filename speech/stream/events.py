@@ -14,8 +14,8 @@ from .errors import BAD_REQUEST
 from .config import Limits
 
 if TYPE_CHECKING:  # for the annotations only
-    from ..engines.base import Capabilities
     from .config import SessionConfig
+    from .engine import Capabilities
 
 
 class Event(BaseModel):

@@ -1,4 +1,5 @@
-"""A job: one segment of a context's text, from its queueing to its audio.done (pipeline.py)."""
+"""A segment job: one segment of a context's text, from its queueing to its audio.done (pipeline.py).
+Not the engine pool's synthesis job (speech/engines/jobs.py), of which a segment may take several."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..engines.pool import Ticket
+from .engine import Ticket
 from .utterance import Record, WordTime
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 END = object()  # the last item of a job's chunk queue
 
 
-class Job:
+class SegmentJob:
     __slots__ = (
         "text",
         "context",

@@ -52,8 +52,7 @@ from .config import (
 from .errors import CLOSE_POLICY, SpeechError, fatal
 
 if TYPE_CHECKING:  # for the annotations only: the stream core imports nothing of Django at run time
-    from ..engines.base import Capabilities
-    from ..voices import ReferenceVoice
+    from .engine import Capabilities, ReferenceVoice
 
     FindVoice = Callable[[str], Awaitable[ReferenceVoice | None]]  # an uploaded voice by name
 

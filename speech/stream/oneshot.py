@@ -18,14 +18,15 @@ from .render import render_segment
 from .segmenter import Segmenter
 
 if TYPE_CHECKING:
-    from ..engines.base import Engine
     from .config import SessionConfig
+    from .engine import Engine
+    from .meter import Meter
 
 
-async def synthesize(engine: Engine, config: SessionConfig, text: str) -> AsyncGenerator[np.ndarray, None]:
+async def synthesize(engine: Engine, config: SessionConfig, text: str, meter: Meter) -> AsyncGenerator[np.ndarray, None]:
     segmenter = Segmenter(config.split_granularity)
     for segment in [*segmenter.feed(text), *segmenter.flush()]:
-        async with contextlib.aclosing(render_segment(engine, config, segment)) as audio:
+        async with contextlib.aclosing(render_segment(engine, config, segment, meter=meter)) as audio:
             async for chunk in audio:
                 if isinstance(chunk, np.ndarray) and chunk.size:  # no word times are asked for here
                     yield chunk

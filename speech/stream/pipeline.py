@@ -17,7 +17,6 @@ beyond the socket's buffers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -26,23 +25,26 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import metrics
-from ..audio.codecs import RAW_FORMATS, SAMPLE_BYTES, STREAMED_FORMATS, EncodingError, RawEncoder
+from ..audio.codecs import SAMPLE_BYTES, STREAMED_FORMATS, EncodingError
 from ..audio.output import encode_segment
 from ..audio.streaming import StreamedAudio
-from ..engines.base import Alignment
+from .engine import Alignment
+from .announce import Announcer
 from .contexts import Context, Contexts
-from .errors import SpeechError, bad_request, server_error
-from .events import AudioDone, AudioStart, AudioTimestamps, ContextDone, Word
-from .frames import FIRST_FRAME_S, FRAME_S, first_frame_samples, frame_sizes
-from .job import END, Job
-from .render import render_segment, start_segment
-from .utterance import Utterance, WordTime
+from .errors import SpeechError, server_error
+from .events import ContextDone
+from .frames import FIRST_FRAME_S, FRAME_S, frame_sizes
+from .job import END, SegmentJob
+from .meter import NO_METER
+from .producer import Producer
+from .render import start_segment
+from .utterance import Utterance
 
 if TYPE_CHECKING:
-    from ..engines.base import Engine
     from .config import SessionConfig
-    from .session import Transport
+    from .engine import Engine
+    from .meter import Meter
+    from .transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +63,10 @@ class Pipeline:
         on_idle: Callable[[], None],
         on_crash: Callable[[], None],
         contexts: Contexts | None = None,
+        meter: Meter = NO_METER,
     ) -> None:
         self.engine = engine
+        self.meter = meter
         self.config = config
         self.transport = transport  # its send_bytes waits while the client is not reading (backpressure)
         self.session_id = session_id
@@ -74,15 +78,16 @@ class Pipeline:
         # Word times are asked for when the client wants them, and always from an engine whose times
         # are its model's own (what was heard, on a cancel).
         self.timestamps = config.timestamps or engine.capabilities.aligns
-        self.jobs: deque[Job] = deque()
-        self.sentences = 0  # sentence indexes given so far
+        self.jobs: deque[SegmentJob] = deque()
+        self.announce = Announcer(transport, config, session_id, meter)  # segment events, sentence indexes
         self.queued_chars = 0  # text of segments whose synthesis has not started
         self.bytes_sent = 0  # audio bytes of the whole session
         self.first_audio_s: float | None = None  # the session's first segment: queued -> first audio frame sent
         self._played_out_at = 0.0  # monotonic time by which a client playing each frame as it comes has played all
         self._flowing = False  # a first frame of this utterance is out (until delivery runs dry or is cancelled)
         self._delivery: asyncio.Task[None] | None = None
-        self._current: Job | None = None  # the job delivery is sending
+        self._current: SegmentJob | None = None  # the job delivery is sending
+        self._abandoned = False  # the client has gone (`abandon`): nothing more is started
         # Streamed mp3/opus/aac: one stream for the whole session, fed in delivery order (_stream_coded).
         coded = config.stream_audio and config.response_format in STREAMED_FORMATS
         self._coder = StreamedAudio(config.response_format, self.rate, FIRST_FRAME_S, FRAME_S) if coded else None
@@ -102,11 +107,16 @@ class Pipeline:
         """Segments accepted and not dropped: announced ones plus those still waiting."""
         return self.sentences + sum(1 for job in self.jobs if not job.announced)
 
+    @property
+    def sentences(self) -> int:
+        """Sentence indexes given so far."""
+        return self.announce.sentences
+
     def enqueue(self, text: str, context: Context | None = None) -> None:
         """Queue a segment of `context` (the default one if None): after that context's segments,
         before those of contexts made after it."""
         context = context or self.contexts.default
-        job = Job(text, context)
+        job = SegmentJob(text, context)
         at = len(self.jobs)
         while at and self.jobs[at - 1].context.order > context.order:
             at -= 1
@@ -124,7 +134,7 @@ class Pipeline:
         await self._context_step(context)
         self.resume()
 
-    def _deliverable(self) -> Job | None:
+    def _deliverable(self) -> SegmentJob | None:
         """The next segment to send: the queue's first, if its context has the floor."""
         if self.jobs and self.jobs[0].context is self.contexts.head():
             return self.jobs[0]
@@ -144,6 +154,8 @@ class Pipeline:
         audio; once audio flows, it starts with the current segment. The engine's stream is started
         here, in this step, not by the producer task: Hibari then queues the segment's first job
         before the loop handles the other sessions' messages of this turn (bench/RESULTS.md)."""
+        if self._abandoned:
+            return
         for position, job in enumerate(self.jobs):
             if position > LOOKAHEAD:
                 break
@@ -156,60 +168,20 @@ class Pipeline:
             if job.producer is None:
                 self.queued_chars -= len(job.text)
                 if len(job.text) <= self.max_segment_chars:
-                    job.stream = start_segment(self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps)
-                job.producer = asyncio.create_task(self._produce(job), name=f"{self.session_id}-synth")
+                    # A streaming listener with no audio in hand: the engine sends the first words first.
+                    waiting = self.config.stream_audio and (not self._flowing or self.audio_ahead_s() == 0)
+                    job.stream = start_segment(
+                        self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps, first_words=waiting
+                    )
+                producer = Producer(
+                    job, self.engine, self.config, self.max_segment_chars, self._started, self.meter, self.is_abandoned
+                )
+                job.producer = asyncio.create_task(producer.run(self.session_id), name=f"{self.session_id}-synth")
 
-    def _started(self, job: Job) -> None:
+    def _started(self, job: SegmentJob) -> None:
         if not job.started:
             job.started = True
             self._start_producers()
-
-    async def _produce(self, job: Job) -> None:
-        # A streamed segment with audio counts as started once its first frame is sent (_send_audio);
-        # anything else once it has audio, or when it ends.
-        streamed_audio = False
-        stream, job.stream = job.stream, None  # the producer owns it now: closed with render_segment's
-        try:
-            if len(job.text) > self.max_segment_chars:
-                raise bad_request(f"input must be at most {self.max_segment_chars} characters", "input")
-            # Streamed raw audio is encoded here, as it is made: a held session's queued chunks
-            # then take 2 bytes a sample (1 for G.711), not float32's 4.
-            encoder = self._stream_encoder()
-            segment = render_segment(self.engine, self.config, job.text, job.ticket, stream)
-            async with contextlib.aclosing(segment) as audio:
-                async for chunk in audio:
-                    if isinstance(chunk, Alignment):
-                        job.chunks.put_nowait(chunk)
-                        continue
-                    if chunk.size and encoder is not None and not streamed_audio:
-                        chunk = await self._first_frame_first(job, encoder, chunk)
-                    if chunk.size:
-                        job.chunks.put_nowait(encoder.encode(chunk) if encoder else chunk)
-                        streamed_audio = self.config.stream_audio  # raw, or coded in delivery (_stream_coded)
-                    if not self.config.stream_audio:
-                        self._started(job)
-        except SpeechError as exc:
-            job.chunks.put_nowait(exc)
-        except EncodingError as exc:
-            job.chunks.put_nowait(server_error(str(exc)))
-        except Exception:
-            logger.exception("synthesis failed for a segment of %s", self.session_id)
-            job.chunks.put_nowait(server_error("speech synthesis failed"))
-        finally:
-            job.chunks.put_nowait(END)
-            if not streamed_audio:
-                self._started(job)
-
-    async def _first_frame_first(self, job: Job, encoder: RawEncoder, chunk: np.ndarray) -> np.ndarray:
-        """Queue the segment's first frame alone and let delivery send it before the rest of the chunk is
-        encoded: encoding a whole sentence first stood between the engine's audio and the first
-        frame (bench/RESULTS.md). Returns the rest of the chunk."""
-        head = first_frame_samples(self.rate)
-        if chunk.size <= head:
-            return chunk
-        job.chunks.put_nowait(encoder.encode(chunk[:head]))
-        await asyncio.sleep(0)
-        return chunk[head:]
 
     async def _deliver_all(self) -> None:
         try:
@@ -231,7 +203,7 @@ class Pipeline:
         self._flowing = False  # the next text is a new utterance: its first audio goes first again
         self.on_idle()
 
-    def _forget(self, job: Job) -> None:
+    def _forget(self, job: SegmentJob) -> None:
         self.jobs.remove(job)
         job.context.jobs -= 1
 
@@ -245,59 +217,20 @@ class Pipeline:
             await self.transport.send_json(ContextDone(context_id=context.id, total_sentences=context.sentences).dump())
         self.contexts.close(context)
 
-    def _announce(self, job: Job) -> None:
-        job.index = self.sentences
-        self.sentences += 1
-
-    def _id(self, job: Job) -> str:
-        return f"{self.session_id}-{job.index}"
-
-    async def _start(self, job: Job) -> None:
-        self._announce(job)
-        await self.transport.send_json(
-            AudioStart(
-                id=self._id(job),
-                sentence_index=job.index,  # type: ignore[arg-type]  # _announce() set it
-                context_id=job.context.id,
-                sentence_text=job.text,
-                format=self.config.response_format,
-                sample_rate=self.rate,
-            ).dump()
-        )
-
-    async def _timestamps(self, job: Job, alignment: Alignment) -> None:
-        """Keep the words' delivered times (what was heard, on a cancel) and send them when asked for:
-        after audio.start, before the audio they describe."""
-        words = [WordTime(w.char_start, w.char_end, int(w.start_s * 1000), int(w.end_s * 1000)) for w in alignment.words]
-        job.words = (job.words or []) + words
-        if not self.config.timestamps:
-            return
-        if not job.announced:
-            await self._start(job)
-        await self.transport.send_json(
-            AudioTimestamps(
-                id=self._id(job),
-                sentence_index=job.index,  # type: ignore[arg-type]  # announced above
-                context_id=job.context.id,
-                words=[Word(word=job.text[w.char_start : w.char_end], **vars(w)) for w in words],
-                estimated=True if alignment.estimated else None,
-            ).dump()
-        )
-
-    async def _send_audio(self, job: Job, data: bytes, seconds: float) -> None:
+    async def _send_audio(self, job: SegmentJob, data: bytes, seconds: float) -> None:
         first = job.bytes_sent == 0
         await self.transport.send_bytes(data)
         job.bytes_sent += len(data)
         job.sent_s += seconds
         self.bytes_sent += len(data)
-        metrics.audio_sent(len(data), seconds)
+        self.meter.audio_sent(len(data), seconds)
         now = time.monotonic()
         self._played_out_at = max(self._played_out_at, now) + seconds
         job.context.utterance.sent(seconds * 1000, self._played_out_at)
         job.ticket.deadline = self._played_out_at  # the segment's further jobs are due once this is played
         if self.first_audio_s is None:
             self.first_audio_s = now - job.queued_at
-            metrics.TTFA.observe(self.first_audio_s)
+            self.meter.first_audio(self.first_audio_s)
         # Let the loop run: a cancel that arrived meanwhile is read and handled before the next frame.
         await asyncio.sleep(0)
         if first:
@@ -307,13 +240,7 @@ class Pipeline:
             self._flowing = True
             self._started(job)
 
-    def _stream_encoder(self) -> RawEncoder | None:
-        """Streamed raw audio is encoded by the producer; compressed audio by delivery (_stream_coded)."""
-        if self.config.stream_audio and self.config.response_format in RAW_FORMATS:
-            return RawEncoder(self.config.response_format, self.rate)
-        return None
-
-    async def _deliver(self, job: Job) -> None:
+    async def _deliver(self, job: SegmentJob) -> None:
         fmt, streaming = self.config.response_format, self.config.stream_audio
         collected: list[np.ndarray] = []
         alignments: list[Alignment] = []
@@ -325,7 +252,7 @@ class Pipeline:
                 continue
             elif isinstance(item, Alignment):
                 if streaming:
-                    await self._timestamps(job, item)
+                    await self.announce.timestamps(job, item)
                 else:
                     alignments.append(item)
             elif self._coder is not None:
@@ -349,65 +276,41 @@ class Pipeline:
             except EncodingError as exc:
                 failure = server_error(str(exc))
             else:
-                await self._start(job)
+                await self.announce.start(job)
                 for alignment in alignments:
-                    await self._timestamps(job, alignment)
+                    await self.announce.timestamps(job, alignment)
                 await self._send_audio(job, data, sum(chunk.size for chunk in collected) / self.rate)
         if failure is not None or not job.announced:
             failure = failure or server_error("the engine produced no audio for this segment")
-            partial = job.bytes_sent > 0
-            if not job.announced:
-                self._announce(job)
-            await self.transport.send_json(
-                failure.event(
-                    id=self._id(job),
-                    sentence_index=job.index,
-                    context_id=job.context.id,
-                    partial_audio=True if partial else None,
-                )
-            )
-        await self._done(job, error=failure is not None, cancelled=False)
+            await self.announce.failed(job, failure)
+        await self.announce.done(job, error=failure is not None, cancelled=False)
 
-    async def _stream(self, job: Job, width: int, data: bytes) -> None:
+    async def _stream(self, job: SegmentJob, width: int, data: bytes) -> None:
         """Send one encoded chunk as binary frames (frames.py)."""
         if not job.announced:
-            await self._start(job)
+            await self.announce.start(job)
         at = 0
         for size in frame_sizes(len(data), width, self.rate, first=job.bytes_sent == 0, room=self.transport.send_room):
             await self._send_audio(job, data[at : at + size], size / width / self.rate)
             at += size
 
-    async def _stream_coded(self, job: Job, samples: np.ndarray) -> None:
+    async def _stream_coded(self, job: SegmentJob, samples: np.ndarray) -> None:
         """Send a chunk of a streamed mp3/opus/aac segment as whole codec frames as the session's encoder
         makes them (speech/audio/streaming.py): a cancel stops it within one frame."""
         if not job.announced:
-            await self._start(job)
+            await self.announce.start(job)
         async for data, seconds in self._coder.frames(samples):  # type: ignore[union-attr]
             await self._send_coded(job, data, seconds)
 
-    async def _send_coded(self, job: Job, data: bytes, seconds: float) -> None:
+    async def _send_coded(self, job: SegmentJob, data: bytes, seconds: float) -> None:
         await self._send_audio(job, data, seconds)
         self._coder.sent()  # type: ignore[union-attr]
 
-    async def _done(self, job: Job, *, error: bool, cancelled: bool) -> None:
-        job.done_sent = True
-        job.context.utterance.add(job.record(complete=not (error or cancelled)))
-        await self.transport.send_json(
-            AudioDone(
-                id=self._id(job),
-                sentence_index=job.index,  # type: ignore[arg-type]  # only announced jobs end
-                context_id=job.context.id,
-                total_bytes=job.bytes_sent,
-                error=error,
-                cancelled=cancelled,
-            ).dump()
-        )
-
-    async def _stop(self, context: Context | None = None) -> list[Job]:
+    async def _stop(self, context: Context | None = None) -> list[SegmentJob]:
         """Stop the segments of `context` (all if None), engine work included, and forget them. The
         segments are forgotten first: a producer that ends here marks its segment started, which
         must not start the next one's synthesis behind our back. Delivery stops only when it was
-        sending one of them. The engine drops their jobs at once (`Job.ticket.abandon`), before the tasks
+        sending one of them. The engine drops their jobs at once (`SegmentJob.ticket.abandon`), before the tasks
         awaiting them are cancelled."""
         jobs = [job for job in self.jobs if context is None or job.context is context]
         for job in jobs:
@@ -434,10 +337,18 @@ class Pipeline:
 
     def abandon(self) -> None:
         """Nobody will hear the segments accepted so far (the client has gone): the engine drops their
-        waiting jobs and stops a running one at its next step, from now on, before this loop gets to
-        cancel the tasks that await them (speech/engines/pool.py)."""
+        waiting jobs and stops a running one at its next step, from now on (speech/engines/pool.py), and
+        their producers are cancelled (an engine without that pool stops with them). No further segment
+        is started: a producer that ends now would otherwise start the next one's synthesis. The rest
+        (delivery, the streams' closing) is `aclose`'s."""
+        self._abandoned = True
         for job in self.jobs:
             job.ticket.abandon()
+            if job.producer is not None:
+                job.producer.cancel()
+
+    def is_abandoned(self) -> bool:
+        return self._abandoned
 
     async def cancel(self, context: Context | None = None) -> int:
         """Barge-in: stop the segment being sent within one frame and drop the rest, of `context`
@@ -446,7 +357,7 @@ class Pipeline:
         jobs = [job for job in await self._stop(context) if not job.done_sent]
         for job in jobs:
             if job.announced:
-                await self._done(job, error=False, cancelled=True)
+                await self.announce.done(job, error=False, cancelled=True)
             else:
                 job.context.sentences -= 1
         self._start_producers()

@@ -17,12 +17,11 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
-    CLOSE_POLICY,
     CLOSE_TERMINATED,
     SERVER_ERROR,
     SpeechError,
@@ -32,34 +31,28 @@ from .cancel import Canceller, Origin
 from .contexts import Context, Contexts
 from .events import InputCommitted, SessionConfigured, SessionDone
 from .messages import InputCancel, InputDone, InputText, InputCommit, read_config
-from .pipeline import Pipeline
-from .protocol import (
-    parse_in_thread,
-    parse_message,
-    size_error,
-    utf8_length_exceeds,
+from .meter import NO_METER
+from .outcomes import (
+    OUTCOME_COMPLETED,
+    OUTCOME_DISCONNECTED,
+    OUTCOME_FAILED,
+    OUTCOME_TERMINATED,
+    SessionSummary,
 )
+from .pipeline import Pipeline
+from .signal import TERMINATE, ControlSignal
+from .surrogates import SurrogateJoiner
+from .timeout import Timeout
+from .wire import binary_frame_error, parse_in_thread, read_frame, read_handshake
 
 if TYPE_CHECKING:
-    from ..engines.base import Engine
     from .config import Limits, SessionConfig
+    from .engine import Engine
     from .messages import FindVoice
+    from .meter import Meter
+    from .transport import Transport
 
 logger = logging.getLogger(__name__)
-
-CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
-
-
-class Transport(Protocol):
-    async def send_json(self, event: dict) -> None: ...
-    async def send_bytes(self, data: bytes) -> None: ...
-    async def close(self, code: int, audio_ahead_s: float = 0.0) -> None:
-        """Close with `code`; the client may still be playing `audio_ahead_s` seconds of audio it has received."""
-        ...
-
-    def send_room(self) -> int:
-        """Bytes of audio the connection would send at once, whole, right now (0: unknown)."""
-        ...
 
 
 class State(enum.Enum):
@@ -69,10 +62,6 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-# How a session ended. A client that disconnects is stored and counted as "cancelled" (the session
-# registry's rows, the admin and the metric's label keep that value); "cancel" elsewhere is barge-in.
-OUTCOME_COMPLETED, OUTCOME_DISCONNECTED = "completed", "cancelled"
-OUTCOME_TERMINATED, OUTCOME_FAILED = "terminated", "failed"
 TERMINATED_MESSAGE = "speech session terminated by the server"
 
 
@@ -92,6 +81,7 @@ class SpeechSession:
         voice_aliases: Mapping[str, str] | None = None,
         on_configured: Callable[[SpeechSession], Awaitable[None]] | None = None,
         parse_large: Callable[[str], Awaitable[dict[str, Any]]] = parse_in_thread,
+        meter: Meter = NO_METER,
     ) -> None:
         self.transport = transport
         self.engine = engine
@@ -100,8 +90,9 @@ class SpeechSession:
         self.find_voice = find_voice  # async name -> ReferenceVoice | None (uploaded voices)
         self.voice_aliases = voice_aliases  # lower-cased alias -> voice (SPEECH_VOICE_ALIASES)
         self.on_configured = on_configured  # async (session) -> None, before session.configured is sent
-        self.parse_large = parse_large  # async raw -> payload, for a handshake over CONFIG_PARSE_OFFLOAD_BYTES
-        self.outcome: str | None = None  # how it ended: completed, cancelled (client left), terminated, failed
+        self.parse_large = parse_large  # async raw -> payload, for a large handshake (wire.read_handshake)
+        self.meter = meter  # the session's figures as it works (speech/metrics.py's, in the server)
+        self.outcome: str | None = None  # how it ended (outcomes.py), once it has
         self.state = State.AWAITING_CONFIG
         # Set by session.config; the handlers that use them run only after it (State.ACTIVE / DRAINING).
         self.config: SessionConfig = None  # type: ignore[assignment]
@@ -109,11 +100,11 @@ class SpeechSession:
         self.pipeline: Pipeline = None  # type: ignore[assignment]  # None until then, and _end() checks
         self.canceller: Canceller = None  # type: ignore[assignment]
         self.closed = asyncio.Event()  # set once the session has ended, by either side
-        self._timer: asyncio.TimerHandle | None = None
+        self._timeout = Timeout(self._expire, self._spawn)
         self._tasks: set[asyncio.Task[Any]] = set()  # fatal-error and finishing tasks, awaited on close
         self._commits = 0
         self._finishing = False
-        self._high_surrogate = ""
+        self._surrogates = SurrogateJoiner()
         self._lock = asyncio.Lock()  # client frames and control signals take turns
         self._utterance_started = 0.0  # wall time the current run of speech began
 
@@ -133,9 +124,27 @@ class SpeechSession:
             error = SpeechError(message, error_type=SERVER_ERROR, code=None, close_code=CLOSE_TERMINATED)
         await self._end(OUTCOME_TERMINATED, error)
 
-    async def aclose(self) -> None:
-        """The client disconnected (or the server is done): abort all work, send nothing more."""
+    async def aclose(self) -> SessionSummary:
+        """The client disconnected (or the server is done): abort all work, send nothing more. Returns
+        the session's summary."""
         await self._end(OUTCOME_DISCONNECTED)
+        return self.summary()
+
+    def summary(self) -> SessionSummary:
+        """How the session ended (disconnected, if it has not) and its figures so far."""
+        pipeline = self.pipeline
+        return SessionSummary(
+            session_id=self.session_id,
+            outcome=self.outcome or OUTCOME_DISCONNECTED,
+            segments=pipeline.sentences if pipeline is not None else 0,
+            bytes_sent=pipeline.bytes_sent if pipeline is not None else 0,
+            first_audio_s=pipeline.first_audio_s if pipeline is not None else None,
+        )
+
+    def abandon(self) -> None:
+        """The client is gone: the engine drops the session's work now, before the session's teardown."""
+        if self.pipeline is not None:
+            self.pipeline.abandon()
 
     # -- client frames -------------------------------------------------------------------------
     async def receive_text(self, raw: str) -> None:
@@ -159,17 +168,11 @@ class SpeechSession:
             self._disarm()
             handshake = self.state is State.AWAITING_CONFIG
             limit = self.limits.max_config_bytes if handshake else self.limits.max_message_bytes
-            if len(data) > limit:
-                error = size_error("session" if handshake else "text", limit, handshake=handshake)
-            else:
-                error = SpeechError(
-                    "speech WebSocket client messages must be text frames", close_code=CLOSE_POLICY if handshake else None
-                )
-            await self._report(error)
+            await self._report(binary_frame_error(len(data), limit, handshake=handshake))
             self._arm_idle()
 
-    # -- control signals (speech.cancel / speech.terminate, speech/control/signals.py) -------------
-    async def handle_signal(self, message: dict[str, Any]) -> None:
+    # -- control signals (speech.cancel / speech.terminate: signal.py) --------------------------------
+    async def handle_signal(self, signal: ControlSignal) -> None:
         """A cancel or terminate from the control plane, possibly sent from another instance.
 
         A cancel is answered exactly like a client's input.cancel (origin "server"), also when
@@ -179,32 +182,17 @@ class SpeechSession:
         async with self._lock:
             if self.state in (State.CLOSED, State.AWAITING_CONFIG):
                 return
-            kind = message.get("type")
-            if kind == "speech.terminate":
-                reason = message.get("reason")
-                await self.terminate(reason if isinstance(reason, str) and reason else TERMINATED_MESSAGE)
-            elif kind == "speech.cancel":
-                if self._issued_before_utterance(message.get("issued_at")):
+            if signal.type == TERMINATE:
+                await self.terminate(signal.reason or TERMINATED_MESSAGE)
+            else:
+                if signal.issued_at is not None and signal.issued_at < self._utterance_started:
                     await self.canceller.answer_stale()
                 else:
                     await self._on_cancel({"type": "input.cancel"}, origin="server")
                 self._arm_idle()
 
-    def _issued_before_utterance(self, issued_at: Any) -> bool:
-        if not isinstance(issued_at, (int, float)) or isinstance(issued_at, bool):
-            return False
-        return issued_at < self._utterance_started
-
     async def _configure(self, raw: str) -> None:
-        limit = self.limits.max_config_bytes
-        if utf8_length_exceeds(raw, limit):
-            raise size_error("session", limit, handshake=True)
-        if len(raw) > CONFIG_PARSE_OFFLOAD_BYTES:
-            payload = await self.parse_large(raw)
-        else:
-            payload = parse_message(raw, handshake=True)
-        if payload.get("type") != "session.config":
-            raise fatal("first WebSocket message must be session.config", "type")
+        payload = await read_handshake(raw, self.limits.max_config_bytes, self.parse_large)
         fields = await read_config(payload, self.engine.capabilities, self.find_voice, voice_aliases=self.voice_aliases)
         self.config = fields.config
         self.contexts = Contexts(self.config.split_granularity, self.limits.max_contexts)
@@ -217,8 +205,9 @@ class SpeechSession:
             on_idle=self._on_pipeline_idle,
             on_crash=self._on_pipeline_crash,
             contexts=self.contexts,
+            meter=self.meter,
         )
-        self.canceller = Canceller(self.session_id, self.transport, self.contexts, self.pipeline, self._total)
+        self.canceller = Canceller(self.session_id, self.transport, self.contexts, self.pipeline, self._total, self.meter)
         self.state = State.ACTIVE
         if self.on_configured is not None:
             await self.on_configured(self)
@@ -227,9 +216,7 @@ class SpeechSession:
         )
 
     async def _handle(self, raw: str) -> None:
-        if utf8_length_exceeds(raw, self.limits.max_message_bytes):
-            raise size_error("text", self.limits.max_message_bytes)
-        payload = parse_message(raw)
+        payload = read_frame(raw, self.limits.max_message_bytes)
         kind = payload.get("type")
         allowed = HANDLERS if self.state is State.ACTIVE else DRAINING_HANDLERS
         handler = allowed.get(kind) if isinstance(kind, str) else None
@@ -240,7 +227,7 @@ class SpeechSession:
     # -- message handlers ----------------------------------------------------------------------
     async def _on_text(self, payload: dict[str, Any]) -> None:
         message = InputText.read(payload, close_code=None)
-        text = self._join_surrogates(message.text)
+        text = self._surrogates.join(message.text)
         limit = self.limits.max_pending_chars
         if self._pending_chars() + self.pipeline.queued_chars + len(text) > limit:
             raise fatal(f"buffered speech text exceeds {limit} characters", "text")
@@ -258,17 +245,6 @@ class SpeechSession:
         if context.finishing:
             raise SpeechError(f"context '{context_id}' is closed", param="context_id")
         return context
-
-    def _join_surrogates(self, text: str) -> str:
-        """JSON may carry UTF-16 halves (\\ud83d) and a client may split a pair across frames:
-        a trailing high surrogate waits for the next frame, pairs are joined, and a lone half
-        becomes U+FFFD, so engines and events only ever see valid text."""
-        text, self._high_surrogate = self._high_surrogate + text, ""
-        if text and "\ud800" <= text[-1] <= "\udbff":
-            text, self._high_surrogate = text[:-1], text[-1]
-        if not text.isascii():
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return text
 
     async def _on_commit(self, payload: dict[str, Any]) -> None:
         message = InputCommit.read(payload, close_code=None)
@@ -335,7 +311,7 @@ class SpeechSession:
             self._disarm()
             if self.pipeline is not None:
                 await self.pipeline.aclose()
-            await self.transport.send_json(error.event())
+            await self._send_error(error)
             close_code = error.close_code
         elif close_code is not None:
             await self.transport.send_json(
@@ -362,7 +338,11 @@ class SpeechSession:
         if error.fatal:
             await self._end(OUTCOME_FAILED, error)
         else:
-            await self.transport.send_json(error.event())
+            await self._send_error(error)
+
+    async def _send_error(self, error: SpeechError) -> None:
+        self.meter.error_sent(error.error_type, error.code)
+        await self.transport.send_json(error.event())
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
@@ -384,13 +364,9 @@ class SpeechSession:
                 self._report(SpeechError("internal server error", error_type=SERVER_ERROR, code=None, close_code=CLOSE_INTERNAL))
             )
 
-    # -- timers --------------------------------------------------------------------------------
+    # -- timers (timeout.py) -------------------------------------------------------------------
     def _arm(self, seconds: float, error: SpeechError) -> None:
-        self._disarm()
-        loop = asyncio.get_running_loop()
-        handle: asyncio.TimerHandle  # the callback names its own handle, to know whether it is still armed
-        handle = loop.call_later(seconds, lambda: self._spawn(self._expire(error, handle)))
-        self._timer = handle
+        self._timeout.arm(seconds, error)
 
     def _arm_idle(self) -> None:
         """Idle time counts only while the client owes us a frame and nothing is generating."""
@@ -398,13 +374,10 @@ class SpeechSession:
             self._arm(self.limits.idle_timeout_s, fatal("speech WebSocket idle timeout"))
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timeout.disarm()
 
-    async def _expire(self, error: SpeechError, handle: asyncio.TimerHandle) -> None:
-        # A frame handled between the timer firing and this task running disarmed it: void.
-        if handle is self._timer and self.state in (State.AWAITING_CONFIG, State.ACTIVE):
+    async def _expire(self, error: SpeechError) -> None:
+        if self.state in (State.AWAITING_CONFIG, State.ACTIVE):
             await self._report(error)
 
 

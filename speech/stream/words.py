@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from ..engines.base import Alignment, WordTiming
+from .engine import Alignment, WordTiming
 
 _RUN = re.compile(r"\S+")
 _VOWELS = re.compile(r"[aeiouyAEIOUY]+")

@@ -108,10 +108,10 @@ class Admission:
             self.registering = asyncio.ensure_future(_record_opened(session.session_id, api_key=self.api_key, **row))
             await self.registering
 
-    def signal(self, session, message):
-        """A speech.cancel or speech.terminate for the session, run in its own task: never held up
-        here, since the consumer's dispatch also carries the client's frames."""
-        task = asyncio.create_task(session.handle_signal(message))
+    def signal(self, session, signal):
+        """A cancel or terminate (speech/stream/signal.py) for the session, run in its own task: never
+        held up here, since the consumer's dispatch also carries the client's frames."""
+        task = asyncio.create_task(session.handle_signal(signal))
         self._signal_tasks.add(task)
         task.add_done_callback(self._signal_tasks.discard)
 
@@ -122,18 +122,22 @@ class Admission:
         In that order a signal sent meanwhile still finds the session (and does nothing), and once it has
         left, the registry says it is over (404), never that it is live but unreachable (503)."""
         await self._stop_signals()
-        await session.aclose()
-        metrics.session_ended(session)
-        if self.lease is not None:
-            await self.lease.release()
-            self.lease = None
+        summary = await session.aclose()
+        metrics.session_ended(summary)
+        await self.release_slot()
         registering, self.registering = self.registering, None
         group, self.group = self.group, None
         joining, self.joining = self.joining, None
         if registering is not None or group is not None:
-            task = asyncio.ensure_future(self._leave(session, registering, group, joining))
+            task = asyncio.ensure_future(self._leave(summary, registering, group, joining))
             Admission._leaving.add(task)
             task.add_done_callback(Admission._leaving.discard)
+
+    async def release_slot(self):
+        """The key's session slot is given back (once; `release` does it too)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            await lease.release()
 
     _leaving: set[asyncio.Future] = set()  # sessions of this process still recording their end
 
@@ -143,9 +147,9 @@ class Admission:
         loop = asyncio.get_running_loop()
         await asyncio.gather(*(task for task in cls._leaving if task.get_loop() is loop), return_exceptions=True)
 
-    async def _leave(self, session, registering, group, joining):
+    async def _leave(self, summary, registering, group, joining):
         if registering is not None:
-            await self._record_end(session, registering)
+            await self._record_end(summary, registering)
         if joining is not None:  # left after it joined, never before
             await asyncio.gather(joining, return_exceptions=True)
         if group is not None:
@@ -159,19 +163,18 @@ class Admission:
         await asyncio.gather(*pending, return_exceptions=True)
 
     @staticmethod
-    async def _record_end(session, registering):
-        pipeline = session.pipeline
+    async def _record_end(summary, registering):
         # Queued before the row's own write is awaited: a row not written yet is then written once, ended.
         ending = registry_writer().closed(
-            session.session_id,
-            status=session.outcome,
-            segments=pipeline.sentences,
-            bytes_sent=pipeline.bytes_sent,
-            first_audio_s=pipeline.first_audio_s,
+            summary.session_id,
+            status=summary.outcome,
+            segments=summary.segments,
+            bytes_sent=summary.bytes_sent,
+            first_audio_s=summary.first_audio_s,
         )
         for write, what in ((registering, "session"), (ending, "end of session")):
             try:
                 await write
             except Exception:
-                logger.exception("could not record the %s %s in the registry", what, session.session_id)
+                logger.exception("could not record the %s %s in the registry", what, summary.session_id)
                 return

@@ -21,13 +21,14 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import auth, ratelimit
 from ..control import signals as control, registry
-from ..stream import events, messages, oneshot, protocol
+from ..stream import events, messages, oneshot, wire
 from .. import metrics, voices
 from ..audio.codecs import MEDIA_TYPES, EncodingError
 from ..audio.output import encode_segment, stream_encoder
 from ..stream.frames import FIRST_FRAME_S, FRAME_S
 from ..conf import conf, voice_aliases
-from ..engines import EngineBusy, get_engine
+from ..runtime import get_engine
+from ..stream.engine import EngineBusy
 from ..stream.errors import BAD_REQUEST, QUEUE_FULL_MESSAGE, RATE_LIMIT, SERVER_ERROR, SpeechError
 from ..models import Scope, Voice
 
@@ -264,7 +265,7 @@ async def speech(request):
     if denied := refused(key, conf.REQUIRE_API_KEY, (Scope.SPEAK,)):
         return denied
     try:
-        body = protocol.parse_message(request.body.decode("utf-8", "replace"))
+        body = wire.parse_message(request.body.decode("utf-8", "replace"))
         engine = get_engine()
         # input, stream and stream_format first, then the WebSocket's session.config rules (messages.SpeechRequest)
         read = await messages.read_config(
@@ -283,7 +284,7 @@ async def speech(request):
         response = refusal(503, QUEUE_FULL_MESSAGE, metrics.ENGINE_BUSY)
         response["Retry-After"] = str(math.ceil(wait))
         return response
-    audio = oneshot.synthesize(engine, config, text)
+    audio = oneshot.synthesize(engine, config, text, metrics.METER)
     if stream:
         try:  # the first audio before the headers: a failure is still a proper error response
             first = await anext(audio)

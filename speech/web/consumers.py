@@ -2,8 +2,9 @@
 
 `receive()` hands the frame to the session, which only parses and enqueues; synthesis runs in
 the session's own tasks. Admission (capacity, key, slot) and the control plane (group, registry,
-signals) are one object it calls, speech/web/admission.py. `disconnect()` aborts all of the
-session's work and gives everything back. The session's transport is the connection the server put
+signals) are one object it calls, speech/web/admission.py. A lost connection stops the session's
+engine work at once (`_abandon_work`); `disconnect()` then gives everything back, TEARDOWN_DELAY_S
+later when the client left without a close frame. The session's transport is the connection the server put
 in the scope (speech/server/connection.py), or the ASGI `send` under another server.
 """
 
@@ -12,16 +13,22 @@ import asyncio
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from .. import voices
+from .. import metrics, voices
 from ..conf import stream_limits, voice_aliases
-from ..engines import get_engine
+from ..runtime import get_engine
 from ..server import budget
 from ..server.connection import SCOPE_KEY, AsgiConnection
 from ..stream.session import SpeechSession
+from ..stream.signal import ControlSignal
 from .admission import Admission
 from .database import on_database_thread
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
+# A client gone without a close frame (1006: a hang-up, a reset) has its session torn down this long
+# after its engine work was abandoned: the teardown is nobody's wait, and a newcomer's first sentence
+# should not wait behind it (bench/hangup.py; docs/decisions.md).
+ABNORMAL_CLOSE = 1006
+TEARDOWN_DELAY_S = 0.25
 _find_voice = on_database_thread(voices.find_voice)  # an uploaded voice, at session.config
 
 
@@ -68,6 +75,7 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
             voice_aliases=voice_aliases(),
             on_configured=self.admission.register,
             parse_large=budget.parse_large_config,
+            meter=metrics.METER,
         )
         refusal = await self.admission.admit(self.scope, self.session)
         if refusal is None:
@@ -94,19 +102,25 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
 
     def _abandon_work(self):
         """The client is gone: the engine stops the session's work now, before the session's teardown."""
-        if self.session is not None and self.session.pipeline is not None:
-            self.session.pipeline.abandon()
+        if self.session is not None:
+            self.session.abandon()
 
     async def disconnect(self, code):
         self._abandon_work()
         if self.session is not None:
+            if code == ABNORMAL_CLOSE:
+                await self.admission.release_slot()  # a client reconnecting at once finds its slot free
+                await asyncio.sleep(TEARDOWN_DELAY_S)
             await self.admission.release(self.session)
 
-    # -- control signals (speech/control/signals.py) -------------------------------------------
+    # -- control signals (speech/control/signals.py), read once here (speech/stream/signal.py) ------
     async def speech_cancel(self, message):
-        if self.session is not None:
-            self.admission.signal(self.session, message)
+        self._signal(message)
 
     async def speech_terminate(self, message):
-        if self.session is not None:
-            self.admission.signal(self.session, message)
+        self._signal(message)
+
+    def _signal(self, message):
+        signal = ControlSignal.read(message)
+        if self.session is not None and signal is not None:
+            self.admission.signal(self.session, signal)

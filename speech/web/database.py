@@ -5,9 +5,8 @@ A session with an API key asks the database twice before `session.configured`: w
 uploaded voice asks for the voice. channels' `database_sync_to_async` closes the connection after
 every call (CONN_MAX_AGE is 0, and must stay 0: under ASGI every REST request runs on a thread of
 its own, and a connection kept there would outlive its thread), so each of those calls connected
-anew. With PostgreSQL on the same machine a keyed handshake (connect to `session.configured`) took
-12.7 ms at p50 that way, and 4.6 ms on a kept connection against 1.9 ms without a key (one machine,
-one run of bench/handshake.py part 3; its latest run is in bench/RESULTS.md).
+anew, which cost a keyed handshake most of its time (bench/handshake.py part 3 in bench/RESULTS.md;
+docs/decisions.md#the-event-loop-kept-short).
 
 This thread connects once and keeps its connection for the life of the process. Before each call
 on a kept connection it asks the database whether the connection still works (Django's

@@ -19,7 +19,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from ..engines import get_engine
+from ..runtime import get_engine
 
 CHECK_TIMEOUT_S = 3.0
 

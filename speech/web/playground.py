@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from . import auth
 from ..conf import conf
-from ..engines import get_engine
+from ..runtime import get_engine
 from ..models import ApiKey, Voice
 
 STAFF_KEY_NAME = "playground: {}"

@@ -4,7 +4,7 @@ from . import health as readiness_checks
 from .. import metrics as prometheus
 from .api import error
 from ..conf import conf
-from ..engines import get_engine
+from ..runtime import get_engine
 
 
 def healthz(request):

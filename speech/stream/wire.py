@@ -1,13 +1,17 @@
-"""The wire protocol's framing: a client frame's JSON and size limits. What a frame means is read by
-the models of messages.py."""
+"""Client frames off the wire: a frame's JSON, size limits, the handshake's frame. What a frame means
+is read by the models of messages.py (`messages.read_config` for session.config).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
-from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError
+from .errors import CLOSE_POLICY, CLOSE_TOO_BIG, SpeechError, fatal
+
+CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread, within the memory budget
 
 
 def utf8_length_exceeds(text: str, limit: int) -> bool:
@@ -49,3 +53,28 @@ def _reject_constant(name: str) -> NoReturn:
 
 def size_error(kind: str, limit: int, *, handshake: bool = False) -> SpeechError:
     return SpeechError(f"{kind} WebSocket message exceeds {limit} bytes", close_code=CLOSE_TOO_BIG if handshake else None)
+
+
+async def read_handshake(raw: str, limit: int, parse_large: Callable[[str], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """The first frame's JSON object, which must be session.config; fatal SpeechError otherwise. A frame
+    over CONFIG_PARSE_OFFLOAD_BYTES is parsed by `parse_large` (parse_in_thread, or the server's)."""
+    if utf8_length_exceeds(raw, limit):
+        raise size_error("session", limit, handshake=True)
+    payload = await parse_large(raw) if len(raw) > CONFIG_PARSE_OFFLOAD_BYTES else parse_message(raw, handshake=True)
+    if payload.get("type") != "session.config":
+        raise fatal("first WebSocket message must be session.config", "type")
+    return payload
+
+
+def read_frame(raw: str, limit: int) -> dict[str, Any]:
+    """A later text frame's JSON object; SpeechError otherwise."""
+    if utf8_length_exceeds(raw, limit):
+        raise size_error("text", limit)
+    return parse_message(raw)
+
+
+def binary_frame_error(size: int, limit: int, *, handshake: bool) -> SpeechError:
+    """Clients send text frames only: a binary one is refused, as too big first (fatal in the handshake)."""
+    if size > limit:
+        return size_error("session" if handshake else "text", limit, handshake=handshake)
+    return SpeechError("speech WebSocket client messages must be text frames", close_code=CLOSE_POLICY if handshake else None)

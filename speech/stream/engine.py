@@ -1,20 +1,54 @@
-"""The engine interface: one segment in, an async stream of audio chunks out, cancellable.
+"""The engine port: one segment in, an async stream of audio chunks out, cancellable.
 
 Shaped like httpx's transport base class: a small abstract class the session calls, and a test
-double (`speech.engines.fake.FakeEngine`) beside the real ones.
+double (`speech.engines.fake.FakeEngine`) beside the real ones (speech/engines/ implements it).
+`Ticket`: a segment's place in an engine's synthesis queue, and `abandon` when nobody will hear it.
 """
 
 from __future__ import annotations
 
 import abc
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..stream.errors import QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
-from .pool import CURRENT, Ticket
+from .errors import QUEUE_FULL_MESSAGE, SERVER_ERROR, SpeechError
+from .meter import NO_METER, Meter
+
+
+class TicketQueue(Protocol):
+    """A synthesis queue that holds work of tickets (speech/engines/pool.py)."""
+
+    def abandon(self, ticket: Ticket) -> None: ...
+
+
+queues: weakref.WeakSet[TicketQueue] = weakref.WeakSet()  # every queue of the process, for Ticket.abandon
+
+
+class Ticket:
+    """A segment's place in the queue. The pipeline sets `current` when the segment becomes the one
+    being delivered; until then its jobs wait behind every current one. `deadline` (time.monotonic()
+    seconds) is when the session's client runs out of audio; None: due when the job was queued."""
+
+    __slots__ = ("current", "deadline", "abandoned")
+
+    def __init__(self, current: bool = True, deadline: float | None = None) -> None:
+        self.current = current
+        self.deadline = deadline
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        """Nobody will hear this segment (hang-up, cancel): every queue drops its waiting jobs now and gives
+        the place of a running one to the next job at once; that one stops at its next release point."""
+        self.abandoned = True
+        for queue in list(queues):
+            queue.abandon(self)
+
+
+CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued; never abandoned
 
 
 @dataclass(frozen=True)
@@ -35,18 +69,32 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class ReferenceVoice:
+    """What an engine that clones voices gets for an uploaded voice."""
+
+    name: str
+    audio: bytes
+    container: str
+    transcript: str
+    language: str
+
+
+@dataclass(frozen=True)
 class SynthesisRequest:
     text: str
     voice: str
     speed: float = 1.0
     options: Mapping[str, Any] = field(default_factory=dict)  # model, language, seed, temperature, …
-    reference: Any = None  # speech.voices.ReferenceVoice: audio + transcript, for engines that clone
-    ticket: Ticket = CURRENT  # the segment's place in a synthesis pool's queue (speech.engines.pool)
+    reference: ReferenceVoice | None = None  # audio + transcript, for engines that clone
+    ticket: Ticket = CURRENT  # the segment's place in a synthesis queue (Ticket)
     # The caller takes 16-bit samples (no transform follows): chunks are int16, quantised as
     # speech.audio.signal.quantise does, by the engine where the audio is made (Engine.stream).
     pcm16: bool = False
     # The caller wants word timings: the stream also yields `Alignment`s (Engine.stream).
     timestamps: bool = False
+    # The listener has no audio in hand: an engine that can sends the segment's first words before the
+    # rest of its first sentence is rendered (Hibari: speech.engines.hibari_pieces).
+    first_words: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,12 +120,14 @@ class Alignment:
 class EngineError(SpeechError):
     """A failure of one segment; the session reports it and goes on with the next segment."""
 
-    def __init__(self, message, *, error_type=SERVER_ERROR, param=None, code=None):
+    def __init__(
+        self, message: str, *, error_type: str = SERVER_ERROR, param: str | None = None, code: int | None = None
+    ) -> None:
         super().__init__(message, error_type=error_type, param=param, code=code)
 
 
 class EngineBusy(EngineError):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(QUEUE_FULL_MESSAGE)
 
 
@@ -85,8 +135,8 @@ class Engine(abc.ABC):
     capabilities: Capabilities
 
     @classmethod
-    def from_settings(cls, conf):
-        """The engine as the SPEECH_* settings describe it."""
+    def from_settings(cls, conf: Any, meter: Meter = NO_METER) -> Engine:
+        """The engine as the SPEECH_* settings describe it; `meter` takes its synthesis pool's figures."""
         return cls()
 
     @abc.abstractmethod
@@ -99,10 +149,8 @@ class Engine(abc.ABC):
         times never decrease and never pass the end of the audio yielded in the end.
 
         Quantise where the audio is made: on the synthesis thread that made it, or straight from an
-        upstream's own 16-bit PCM. On the event loop it took an eighth of the loop's CPU in
-        bench/throughput.py's paragraph (the float32 array, made on another core, read again to
-        encode it): quantised by Hibari's synthesis threads, the loop's CPU per audio second fell by
-        15-18 % at C = 4 and 8 (two server processes side by side, 80 and 60 interleaved rounds).
+        upstream's own 16-bit PCM, never on the event loop, which would read the float32 array again from
+        another core's cache (docs/decisions.md#delivery-frames-and-writes).
 
         An engine may start work when this is called, before the first iteration (Hibari queues the
         segment's first job): whoever asks for a stream reads it to its end or closes it. Cancelling

@@ -1,4 +1,5 @@
-"""Where a synthesis thread runs, and at what CPU priority (Linux): speech/engines/pool.py's reasons.
+"""Where a worker thread runs, and at what CPU priority (Linux): the synthesis threads
+(speech/engines/pool.py's reasons) and the audio encoding threads (speech/audio/streaming.py).
 
 A thread's niceness and cores are its own on Linux (the kernel's thread id is a process id there); the
 pool calls none of this elsewhere.

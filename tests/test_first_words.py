@@ -1,0 +1,176 @@
+"""First words first (speech/engines/hibari_pieces.py): a segment the listener waits for comes in pieces.
+
+With the real Hibari engine: the vocoder run frame by frame makes the samples one call makes; a
+first sentence rendered in pieces is as long as rendered whole, with the same word times and
+loudness, and no step where its pieces join; the first piece reaches the client while the rest is
+held back in the engine. With the FakeEngine: the session asks for first words only while its
+listener has no audio in hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from speech.engines.fake import FakeEngine
+from speech.engines.hibari import HibariEngine
+from speech.engines.hibari_pieces import Vocoder
+from speech.stream.config import SessionConfig
+from speech.stream.engine import Alignment
+from speech.stream.render import render_segment, start_segment
+
+from .support.engine_items import speak
+
+RATE = 24000
+SENTENCE = "The quick brown fox jumps over the lazy dog while the farmer watches from the porch."
+HOP = 300
+
+
+def render(engine, text, **fields):
+    """The segment's audio chunks (float32) and its word timings."""
+    items = [item for item, _ in speak(engine, text, options={"seed": 3}, timestamps=True, **fields)]
+    chunks = [item for item in items if not isinstance(item, Alignment)]
+    words = [word for item in items if isinstance(item, Alignment) for word in item.words]
+    return chunks, words
+
+
+def test_the_vocoder_in_pieces_makes_the_samples_of_one_call(hibari):
+    from hibari import dsp
+
+    tts = hibari._models[hibari.capabilities.default_voice]
+    ids = tts.ids(tts.phonemize(SENTENCE)[0])
+    out = [o[0] for o in tts.sess.run(None, {"ids": np.asarray([ids]), "speed": np.asarray([1.0], np.float32)})[:6]]
+    out[2] = np.full_like(out[2], -50.0)  # no noise: the rest is deterministic
+    whole = dsp.synth(*out, np.random.default_rng(0))
+    for cut in (3, 40, 47):
+        vocoder = Vocoder(np.random.default_rng(0))
+        head = vocoder.push([o[..., :cut] for o in out[:5]] + [out[5][: cut + 2]], final=False)
+        tail = vocoder.push([o[..., cut:] for o in out[:5]] + [out[5][cut:]], final=True)
+        assert head.size == (cut - 2) * HOP  # what is final so far: the overlap-add's open hops held back
+        assert np.allclose(np.concatenate((head, tail)), whole, atol=1e-6)
+
+
+def test_a_first_sentence_in_pieces_joins_without_gap_or_step(hibari):
+    whole, whole_words = render(hibari, SENTENCE)
+    pieces, words = render(hibari, SENTENCE, first_words=True)
+    assert len(whole) == 1 and len(pieces) == 2
+    joined = np.concatenate(pieces)
+    assert joined.size == whole[0].size  # no gap: the same length as rendered whole
+    assert words == whole_words  # the same words at the same times
+    loudness = [20 * np.log10(np.sqrt(np.mean(np.square(x[np.abs(x) > 0.01])))) for x in (joined, whole[0])]
+    assert abs(loudness[0] - loudness[1]) < 1.5
+    # No step at the join: the sample step there is within the signal's own steps around it, and the
+    # spectrum changes there as it does in the sentence rendered whole (speech changes fast at places).
+    join = pieces[0].size
+    steps = np.abs(np.diff(joined[join - 240 : join + 240]))
+    assert abs(joined[join] - joined[join - 1]) <= np.max(steps)
+    excess = flux(joined) - flux(whole[0])
+    at = join // HOP
+    assert np.max(excess[at - 2 : at + 2]) <= max(0.25, np.percentile(np.abs(excess), 95))
+
+
+def flux(samples, hop=HOP):
+    """Spectral flux: the RMS change of the log spectrum from one frame of `hop` samples to the next."""
+    frames = samples[: samples.size // hop * hop].reshape(-1, hop) * np.hanning(hop)
+    spectra = np.log(np.abs(np.fft.rfft(frames, axis=1)) + 1e-4)
+    return np.sqrt(np.mean(np.square(np.diff(spectra, axis=0)), axis=1))
+
+
+class HeldHibari(HibariEngine):
+    """Hibari whose rest of a first sentence waits for `release` (on its synthesis thread)."""
+
+    def __init__(self):
+        super().__init__(workers=1)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.first_samples = 0
+
+    def _first_piece(self, tts, plan, request, rng):
+        result = super()._first_piece(tts, plan, request, rng)
+        self.first_samples = result[0].size
+        return result
+
+    def _rest(self, plan, request, rest):
+        self.entered.set()
+        self.release.wait(10)
+        return super()._rest(plan, request, rest)
+
+
+async def test_the_first_piece_reaches_the_client_while_the_rest_is_held(speech):
+    engine = HeldHibari()
+    try:
+        await engine.warm_up()
+        s = await speech(engine, stream_audio=True)
+        await s.text(SENTENCE)
+        await s.send({"type": "input.commit"})
+        assert await asyncio.to_thread(engine.entered.wait, 10), "the sentence was rendered whole"
+        await s.t.event("input.committed")
+        start = await s.t.event("audio.start", sentence_text=SENTENCE)
+        received = 0
+        while received < engine.first_samples * 2:  # 16-bit pcm
+            received += len(await s.t.binary())
+        assert received == engine.first_samples * 2
+        assert not engine.release.is_set()  # all of the first piece is out, the rest still held
+        engine.release.set()
+        await s.send({"type": "input.done"})
+        items = await s.t.until_closed()
+        rest = sum(len(value) for kind, value in items if kind == "bytes")
+        (done,) = [value for kind, value in items if kind == "json" and value["type"] == "audio.done"]
+        assert rest > 0 and done["id"] == start["id"] and done["total_bytes"] == received + rest
+        assert [value["type"] for kind, value in items if kind == "json"].count("audio.start") == 0  # one segment
+    finally:
+        engine.release.set()
+        await engine.aclose()
+
+
+@pytest.mark.parametrize("stream_audio", [True, False])
+async def test_first_words_are_asked_for_while_the_listener_has_no_audio(speech, stream_audio):
+    engine = FakeEngine(chunks=2)
+    s = await speech(engine, stream_audio=stream_audio)
+    await s.text("One. Two. Three.")
+    await s.send({"type": "input.commit"})
+    await s.t.until("input.committed")
+    for _ in range(3):
+        await s.t.until("audio.done")
+    await s.text("Four.")  # a new utterance: delivery ran dry before it
+    await s.send({"type": "input.done"})
+    items = await s.t.until_closed()
+    assert [value["type"] for kind, value in items if kind == "json"].count("audio.done") == 1
+    # Streamed, the first segment of each utterance; the others start while audio of theirs flows. A
+    # segment sent as one file gains nothing from pieces.
+    expected = [True, False, False, True] if stream_audio else [False] * 4
+    assert [request.first_words for request in engine.requests] == expected
+
+
+@pytest.mark.parametrize(("speed", "rate"), [(4.0, 24000), (0.5, 48000), (1.0, 16000)])
+def test_pieces_through_speed_and_rate_join_as_the_whole_segment(hibari, speed, rate):
+    """The pieces through the segment's transforms (time-stretch, resampling): as long as the segment
+    rendered whole and transformed, and the spectrum at the join changes as the whole's does there,
+    within the two renders' differences elsewhere."""
+    config = SessionConfig(voice=hibari.capabilities.default_voice, sample_rate=rate, speed=speed, options={"seed": 3})
+
+    async def run(first_words):
+        stream = start_segment(hibari, config, SENTENCE, first_words=first_words)
+        sizes = []  # the engine's chunks as they reach the transforms
+        chunks = [chunk async for chunk in render_segment(hibari, config, SENTENCE, stream=_sizes(stream, sizes))]
+        return np.concatenate(chunks).astype(np.float32), sizes
+
+    (whole, whole_sizes), (joined, sizes) = asyncio.run(run(False)), asyncio.run(run(True))
+    assert len(whole_sizes) == 1 and len(sizes) == 2
+    assert abs(joined.size - whole.size) <= 2
+    hop = rate * HOP // RATE  # the flux's 12.5 ms frames at this rate
+    at = round(sizes[0] / speed * rate / RATE) // hop
+    excess = flux(joined[: whole.size], hop) - flux(whole[: joined.size], hop)
+    # Time-stretched in two chunks, the stretch aligns its windows a little otherwise than in one: the
+    # renders differ here and there by a frame's shift. A gap or a click at the join would stand out.
+    elsewhere = np.concatenate((excess[: at - 4], excess[at + 4 :]))
+    assert np.max(excess[at - 2 : at + 2]) <= max(0.25, np.max(np.abs(elsewhere)))
+
+
+async def _sizes(stream, sizes):
+    async for chunk in stream:
+        if not isinstance(chunk, Alignment):
+            sizes.append(chunk.size)
+        yield chunk
