@@ -99,12 +99,13 @@ def _lead(words: list[WordTiming]) -> list[WordTiming]:
     third of the cuts that fail; an independent aligner puts the next word's start where this one ends,
     not after the space (bench/RESULTS.md, bench/timestamps.py)."""
     spoken = [i for i, w in enumerate(words) if w.end_s > w.start_s]
+    out = list(words)  # the ends are worked out from the frames, not from a start already moved
     for i, j in zip(spoken, spoken[1:]):
         if words[j].start_s - words[i].end_s < JOINED_S:
             word = words[i]
             end = max((word.start_s + word.end_s) / 2, word.end_s - END_LEAD_S)
-            words[i] = replace(word, end_s=end)
+            out[i] = replace(out[i], end_s=end)
             for k in range(i + 1, j):  # words nothing speaks, between the two: where the first ends
-                words[k] = replace(words[k], start_s=end, end_s=end)
-            words[j] = replace(words[j], start_s=end)
-    return words
+                out[k] = replace(out[k], start_s=end, end_s=end)
+            out[j] = replace(out[j], start_s=end)
+    return out
