@@ -9,7 +9,7 @@ def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
     if sys.argv[1:2] == ["serve"]:
         # daphne makes its event loop when Django loads its app: choose the loop first.
-        from speech.web import eventloop
+        from speech.server import eventloop
 
         eventloop.install()
     from django.core.management import execute_from_command_line

@@ -58,7 +58,7 @@ TARGET_FRAMES_AFTER = 1  # local: at most one audio frame sent after input.cance
 TARGET_CROSS_P99_MS = 50.0
 RATE = 24000
 # A held session's frames after each segment's first: 200 ms of 16-bit pcm (its window is closed; only a
-# client that reads ahead gets larger ones, speech/web/tcpwindow.py). Audio counted in these units.
+# client that reads ahead gets larger ones, speech/server/tcpwindow.py). Audio counted in these units.
 FRAME_BYTES = int(RATE * 0.2) * 2
 AUDIO_SENT = "speech_audio_sent_bytes_total"
 WARM_UP = 5

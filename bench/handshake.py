@@ -1,7 +1,7 @@
 """Handshake latency and the channel layer's own costs.
 
     .venv/bin/python bench/handshake.py [--sessions 200] [--engine fake] [--idle 2000] [--rounds 100]
-                                        [--gc-trace] [--idle-only] [--root CHECKOUT] [--no-write]
+                                        [--trace] [--idle-only] [--root CHECKOUT] [--no-write]
 
 (1) `session.config` -> `session.configured` over a real socket to a real daphne (`manage.py serve`),
     one handshake at a time (p50/p99) and 20 handshakes sent at once (p50/p99 of each one's latency),
@@ -17,10 +17,10 @@
     and one that does not, both on the same database, in-memory layer.
 
 (4) Handshakes beside many open sessions: 20 at once (connect -> `session.configured`) on a server
-    holding `--idle` idle sessions and on one holding none, alternating burst by burst (in-memory layer).
-    With --gc-trace both servers record their garbage collections (bench/gctrace/sitecustomize.py),
-    reported beside (speech/web/collector.py). --idle-only runs this part alone; --root runs the servers
-    of another checkout (the code before a change).
+    holding `--idle` idle sessions and on one holding none, alternating burst by burst (in-memory layer;
+    bench/idle_handshakes.py). With --trace both servers record what held up their event loops
+    (bench/looptrace/sitecustomize.py), reported beside. --idle-only runs this part alone; --root runs the
+    servers of another checkout (the code before a change).
 
 Targets (issues 10, 11 and 46): configured p50 <= 1.5 ms, p99 <= 3 ms; 20 at once p50 <= 10 ms; the group
 join adds at most 1 ms at p50; beside 2,000 idle sessions, 20 at once p99 <= 2x that beside none.
@@ -43,19 +43,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import idle_handshakes  # noqa: E402
 from cancel import stats_ms, table  # noqa: E402
-from gctrace.sitecustomize import collections_between  # noqa: E402
+from idle_handshakes import AT_ONCE, CONFIG, WARM_UP  # noqa: E402
 from report import RESULTS, header, write_section  # noqa: E402
 
 from tests.support.live import DaphneServer, open_session  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
-from tests.support.stress_load import idle_sessions  # noqa: E402
 
 SECTION = "## Handshake and channel layer (bench/handshake.py)"
-IDLE_SECTION = "## Handshakes beside idle sessions (bench/handshake.py, part 4)"
-CONFIG = json.dumps({"type": "session.config", "session": {"response_format": "pcm", "stream_audio": True}})
-AT_ONCE = 20
-WARM_UP = 10
 
 
 async def one_handshake(url, headers=None, *, from_connect=False):
@@ -90,21 +86,6 @@ async def at_once(url, n):
         await asyncio.gather(*(ws.close() for ws in sockets))
 
 
-async def concurrent(url, n, closing):
-    """n whole handshakes at once, each from its connect to its session.configured (seconds); the sockets are
-    then closed in the background (their tasks appended to `closing`), while the next handshakes run."""
-
-    async def handshake():
-        t0 = time.perf_counter()
-        ws = await open_session(url)
-        closing.append(ws)
-        await ws.send(CONFIG)
-        await ws.recv()
-        return time.perf_counter() - t0
-
-    return await asyncio.gather(*(handshake() for _ in range(n)))
-
-
 async def handshakes(url, sessions):
     for _ in range(WARM_UP):
         await one_handshake(url)
@@ -113,68 +94,6 @@ async def handshakes(url, sessions):
     for _ in range(max(1, sessions // AT_ONCE)):
         burst += await at_once(url, AT_ONCE)
     return serial, burst
-
-
-async def beside_idle_sessions(loaded_url, empty_url, idle, rounds):
-    """Part (4): bursts of AT_ONCE handshakes on a server holding `idle` idle sessions and on a server holding
-    none, alternating burst by burst: (loaded latencies, empty latencies, idle sessions admitted, the wall
-    times the measured bursts began and ended)."""
-    loaded, empty, window = [], [], []
-
-    async def measure(_admitted):
-        # The sessions of a burst close while the next bursts run, as sessions end at any time on a live
-        # server (a full collection that their ends set off then meets the handshakes under way).
-        sockets, closing = [], []
-        for trial in range(-WARM_UP, rounds):
-            if trial == 0:
-                window.append(time.time())
-            pair = await concurrent(loaded_url, AT_ONCE, sockets), await concurrent(empty_url, AT_ONCE, sockets)
-            closing += [asyncio.ensure_future(ws.close()) for ws in sockets]
-            sockets.clear()
-            if trial >= 0:
-                loaded.extend(pair[0])
-                empty.extend(pair[1])
-        window.append(time.time())
-        await asyncio.gather(*closing)
-
-    tally = await idle_sessions(loaded_url, idle, measure)
-    return loaded, empty, tally.sessions, window
-
-
-def idle_rows(env, idle, rounds, gc_trace, root=ROOT):
-    """Part (4)'s rows: two servers (in-memory layer) and their bursts; with gc_trace, also each server's
-    garbage collections while the bursts ran ({server: {generation: [seconds]}})."""
-    env = {**env, "SPEECH_IDLE_TIMEOUT_S": "3600"}  # idle sessions stay open while the bursts run
-    traces = Path(tempfile.mkdtemp(prefix="bench-gc-"))
-    servers = {}
-    for name in ("loaded", "empty"):
-        extra = {"PYTHONPATH": str(ROOT / "bench" / "gctrace"), "SPEECH_BENCH_GC_TRACE": str(traces / name)} if gc_trace else {}
-        servers[name] = DaphneServer({**env, **extra}, migrate=False, root=root).start()
-    try:
-        urls = (servers["loaded"].ws_url, servers["empty"].ws_url)
-        loaded, empty, admitted, (since, until) = asyncio.run(beside_idle_sessions(*urls, idle, rounds))
-    finally:
-        for server in servers.values():
-            server.stop()
-    for server in servers.values():
-        if "Traceback" in server.stderr_text():
-            raise SystemExit(server.stderr_text()[-4000:])
-        server.cleanup()
-    rows = [
-        (f"{AT_ONCE} at once beside {admitted} idle sessions", stats_ms(loaded)),
-        (f"{AT_ONCE} at once beside none (alternating)", stats_ms(empty)),
-    ]
-    pauses = {name: collections_between(traces / name, since, until) for name in servers} if gc_trace else None
-    shutil.rmtree(traces, ignore_errors=True)
-    return rows, pauses
-
-
-def pause_rows(pauses):
-    return [
-        (f"{server}: garbage collection, generation {generation}", stats_ms(seconds))
-        for server, generations in pauses.items()
-        for generation, seconds in generations.items()
-    ]
 
 
 async def keyed_and_keyless(keyed_url, secret, keyless_url, sessions):
@@ -278,7 +197,7 @@ def main(argv=None):
     )
     parser.add_argument("--idle", type=int, default=2000, help="part 4: idle sessions open beside the bursts")
     parser.add_argument("--rounds", type=int, default=100, help="part 4: bursts on each server")
-    parser.add_argument("--gc-trace", action="store_true", help="part 4: report the servers' garbage collections")
+    parser.add_argument("--trace", action="store_true", help="part 4: report what held the servers' loops up")
     parser.add_argument("--idle-only", action="store_true", help="run part 4 only")
     parser.add_argument("--root", type=Path, default=ROOT, help="part 4: the checkout whose servers run")
     parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
@@ -294,37 +213,15 @@ def main(argv=None):
     }
     try:
         DaphneServer(env, migrate=True, root=args.root).start().stop()  # the database, migrated
-        idle_report = idle_part(env, args)
+        idle_report = idle_handshakes.section(env, args)
         if not args.idle_only:
             other_parts(env, args, command, started)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if not args.no_write:
-        write_section(IDLE_SECTION, idle_report)
+        write_section(idle_handshakes.SECTION, idle_report)
         print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0
-
-
-def idle_part(env, args):
-    """Part 4, printed; returns its section of RESULTS.md."""
-    started = time.monotonic()
-    rows, pauses = idle_rows(env, args.idle, args.rounds, args.gc_trace, args.root)
-    loaded, empty = rows[0][1], rows[1][1]
-    ratio = loaded["p99"] / empty["p99"]
-    verdict = f"p99 beside {args.idle} idle / beside none = {ratio:.2f} (target <= 2)"
-    report = table(rows) + ("\n\n" + table(pause_rows(pauses)) if pauses else "")
-    print(report + "\n\n" + verdict, flush=True)
-    code = "" if args.root == ROOT else f", servers of the checkout at {args.root}"
-    command = f"python bench/handshake.py --idle-only --idle {args.idle} --rounds {args.rounds}{' --gc-trace' * args.gc_trace}"
-    about = (
-        f"* {AT_ONCE} handshakes at once (each from its connect to session.configured; the sessions close in the background "
-        f"while the next bursts run), {args.rounds} bursts on each of two servers (in-memory layer, engine {args.engine}), "
-        f"alternating after {WARM_UP} warm-up bursts: one holds {args.idle} idle sessions, the other none. Target: p99 "
-        "beside them <= 2x p99 beside none. --gc-trace: each server's collections during the bursts (generation 2: "
-        "speech/web/collector.py, docs/decisions.md)."
-    )
-    lines = [*header(IDLE_SECTION, command), f"* Run time: {time.monotonic() - started:.0f} s{code}", about, "", report]
-    return "\n".join([*lines, "", f"* {verdict}", ""])
 
 
 def other_parts(env, args, command, started):

@@ -8,7 +8,7 @@ the last audio): aiohttp's WebSocket (asyncio, a compiled frame reader) 0.113 ms
 (blocking, 16 KiB reads) 0.096 ms, this one 0.072 ms, with 1.015-1.017x the audio per wall second
 (medians of 16-20 adjacent pairs). What is left is waking a thread per read and the kernel's copy.
 
-It assumes what this server does (speech/web/wsprotocol.py, autobahn): frames unmasked and never
+It assumes what this server does (speech/server/websocket.py, autobahn): frames unmasked and never
 fragmented, no extensions; anything else fails the round (`ProtocolError`), it is never measured.
 """
 

@@ -8,7 +8,7 @@ from django.core import checks
 from django.utils.module_loading import import_string
 
 from .conf import SETTINGS, conf
-from .web.budget import FRAME_COST_FACTOR
+from .server.budget import FRAME_COST_FACTOR
 
 
 @checks.register(checks.Tags.compatibility)

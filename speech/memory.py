@@ -13,7 +13,7 @@ Fixing the threshold low (`mallopt(M_MMAP_THRESHOLD)`) would keep large blocks o
 it was measured to make Hibari's synthesis about 1.5x slower (its inference buffers are then
 mapped, zero-filled and unmapped on every call; measured in process: a 6-sentence paragraph
 0.23 s -> 0.36 s). So the server only trims: after large frames are freed
-(speech/web/budget.py) and when the server has gone quiet (speech/web/server.py), at most once a second,
+(speech/server/budget.py) and when the server has gone quiet (speech/server/launcher.py), at most once a second,
 in a thread (a trim walks the heaps under their locks; it never runs on the event loop).
 On a C library without these calls (musl, macOS) all of this is a no-op.
 

@@ -21,7 +21,7 @@ import weakref
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 from . import logcontext
-from .web.flowcontrol import FlowControl
+from .server.flowcontrol import FlowControl
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ ENGINE_QUEUE.set_function(_pool_jobs)
 HELD = Gauge(
     "speech_sessions_held",
     "WebSocket connections whose client is not reading fast enough right now: their audio waits "
-    "(backpressure, speech/web/flowcontrol.py)",
+    "(backpressure, speech/server/flowcontrol.py)",
 )
 HELD.set_function(lambda: FlowControl.held)
 

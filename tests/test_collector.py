@@ -1,5 +1,5 @@
 """What the serving process's garbage collection and single-instance channel layer cost per open session
-(speech/web/collector.py, speech/control/memory_layer.py): a full collection leaves the objects of
+(speech/server/collector.py, speech/control/memory_layer.py): a full collection leaves the objects of
 sessions that stay open frozen, so the next ones do not walk them again, while ended sessions' garbage is
 still freed; and the in-memory layer's walk over every channel and group runs once a second, not on every
 receive. Figures: bench/RESULTS.md, "Handshakes beside idle sessions"."""
@@ -13,8 +13,8 @@ import pytest
 
 from speech.control import memory_layer
 from speech.control.memory_layer import SpeechInMemoryChannelLayer
-from speech.web import collector as collector_module
-from speech.web.collector import Collector
+from speech.server import collector as collector_module
+from speech.server.collector import Collector
 
 
 class Node:

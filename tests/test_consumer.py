@@ -14,8 +14,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import override_settings
 
 from speech.engines.fake import FakeEngine
+from speech.server.connection import CLOSE_HANDSHAKE_TIMEOUT_S, SCOPE_KEY, Connection
+from speech.server.flowcontrol import InputQueue
 from speech.web.admission import Admission
-from speech.web.flowcontrol import SCOPE_KEY, FlowControl
 
 from .support.communicator import HANG_GUARD_S, PATH, application, event, output, send
 from .support.heard import without_heard
@@ -181,14 +182,20 @@ async def test_cancel_through_the_socket():
     await comm.disconnect()
 
 
-class _Connection:
-    """Stands in for daphne's protocol under an attached FlowControl: records the messages sent to it."""
+class _Protocol:
+    """Stands in for daphne's protocol under a Connection: records the messages sent to it, and the close."""
 
+    STATE_OPEN, STATE_CLOSING = 3, 4
     closeHandshakeTimeout = 1
+    tcp = None
+    gone = False
 
     def __init__(self):
         self.transport = self
+        self.state = self.STATE_OPEN
         self.sent = []
+        self.arrived = asyncio.Queue()
+        self.closed = asyncio.get_running_loop().create_future()
 
     def registerProducer(self, producer, streaming):
         pass
@@ -197,74 +204,91 @@ class _Connection:
         pass
 
     def send_data_message(self, payload, binary):
-        self.sent.append("audio" if binary else json.loads(payload)["type"])
+        item = "audio" if binary else json.loads(payload)["type"]
+        self.sent.append(item)
+        self.arrived.put_nowait(item)
+
+    def serverClose(self, code=None):
+        self.state = self.STATE_CLOSING
+        self.closed.set_result((code, self.closeHandshakeTimeout))
+
+    async def next(self):
+        return await asyncio.wait_for(self.arrived.get(), HANG_GUARD_S)
+
+
+class GatedInput(InputQueue):
+    """The connection's input queue, whose messages the test can hold between daphne and the consumer."""
+
+    def __init__(self):
+        super().__init__()
+        self.delivering = asyncio.Event()
+        self.delivering.set()
+
+    async def get(self):
+        message = await super().get()
+        await self.delivering.wait()
+        return message
+
+
+def served(engine):
+    """A communicator whose consumer runs on a Connection, as under the launcher: the consumer reads the
+    connection's input queue and sends through the connection."""
+    protocol = _Protocol()
+    connection = Connection.attach(protocol)
+    connection.flow.input = GatedInput()
+    comm = communicator(engine)
+    comm.scope[SCOPE_KEY] = connection
+    comm._input_queue = connection.input
+    return comm, protocol
 
 
 async def test_events_and_audio_go_straight_to_the_connection_not_through_channels():
-    connection = _Connection()
-    comm = communicator(FakeEngine())
-    comm.scope[SCOPE_KEY] = FlowControl.attach(connection)
+    comm, protocol = served(FakeEngine())
     ok, _ = await comm.connect(HANG_GUARD_S)
     assert ok
     await send(comm, {"type": "session.config", "session": {"stream_audio": True}})
     await send(comm, {"type": "input.text", "text": "One sentence."})
     await send(comm, {"type": "input.done"})
-    closed = await output(comm)  # all Channels carries after the accept
-    assert closed["type"] == "websocket.close" and closed["code"] == 1000
-    sent = connection.sent
+    code, _ = await asyncio.wait_for(protocol.closed, HANG_GUARD_S)
+    assert code == 1000
+    assert await comm.receive_nothing()  # Channels carried the accept only
+    sent = protocol.sent
     assert sent[:2] == ["session.configured", "audio.start"] and sent[-2:] == ["audio.done", "session.done"]
     assert sent[2:-2] and set(sent[2:-2]) == {"audio"}
     await comm.disconnect()
 
 
 async def test_audio_waits_for_a_client_message_the_server_has_read_and_not_handled():
-    """daphne reports each message it queues (speech/web/wsprotocol.py); here the test stands in for it."""
     engine = FakeEngine(chunks=3, hold=True)
-    comm = communicator(engine)
-    flow = comm.scope[SCOPE_KEY] = FlowControl()
+    comm, protocol = served(engine)
     ok, _ = await comm.connect(HANG_GUARD_S)
     assert ok
-    flow.message_read()
     await send(comm, {"type": "session.config", "session": {"stream_audio": True}})
-    await event(comm, "session.configured")
-    flow.message_read()
+    assert await protocol.next() == "session.configured"
     await send(comm, {"type": "input.text", "text": "First one. Second one. "})
-    await event(comm, "audio.start")
-    assert "bytes" in await output(comm)
-    assert "bytes" in await output(comm)
-    assert await comm.receive_nothing()  # the engine holds the second chunk
-    flow.message_read()  # daphne has read a frame; the consumer has not had it yet
+    assert [await protocol.next() for _ in range(3)] == ["audio.start", "audio", "audio"]
+    assert await comm.receive_nothing() and protocol.arrived.empty()  # the engine holds the second chunk
+    comm.scope[SCOPE_KEY].input.delivering.clear()
+    await send(comm, {"type": "input.text", "text": "Third one. "})  # daphne has read it; the consumer has not had it yet
     engine.allow(1)
-    assert await comm.receive_nothing()  # the second chunk is there, and waits behind that frame
-    await send(comm, {"type": "input.text", "text": "Third one. "})
-    assert "bytes" in await output(comm)
+    assert await comm.receive_nothing() and protocol.arrived.empty()  # the second chunk is there, and waits behind it
+    comm.scope[SCOPE_KEY].input.delivering.set()
+    assert await protocol.next() == "audio"
     await comm.disconnect()
-
-
-class ClosingFlow(FlowControl):
-    def __init__(self):
-        super().__init__()
-        self.audio_ahead = []
-
-    def closing(self, audio_ahead_s):
-        self.audio_ahead.append(audio_ahead_s)
 
 
 async def test_the_close_waits_for_a_client_that_may_still_be_playing():
     engine = FakeEngine(chunk_s=1.0, chunks=2)
-    comm = communicator(engine)
-    flow = comm.scope[SCOPE_KEY] = ClosingFlow()
+    comm, protocol = served(engine)
     ok, _ = await comm.connect(HANG_GUARD_S)
     assert ok
     started = asyncio.get_running_loop().time()
     await send(comm, {"type": "session.config", "session": {"stream_audio": True}})
-    await event(comm, "session.configured")
     await send(comm, {"type": "input.text", "text": "Two seconds of audio."})
     await send(comm, {"type": "input.done"})
-    while (await output(comm))["type"] != "websocket.close":
-        pass
+    _, timeout = await asyncio.wait_for(protocol.closed, HANG_GUARD_S)
     elapsed = asyncio.get_running_loop().time() - started
-    assert len(flow.audio_ahead) == 1 and 2.0 - elapsed <= flow.audio_ahead[0] <= 2.0
+    assert 2.0 - elapsed <= timeout - CLOSE_HANDSHAKE_TIMEOUT_S <= 2.0
     await comm.disconnect()
 
 

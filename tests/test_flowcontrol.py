@@ -1,13 +1,15 @@
-"""Backpressure's second half (speech/web/flowcontrol.py): audio never overtakes a client message
+"""Backpressure's second half (speech/server/flowcontrol.py): audio never overtakes a client message
 that daphne has read and the application has not handled yet, so a cancel the server has read
-stops the audio before another frame goes out, however fast the client reads."""
+stops the audio before another frame goes out, however fast the client reads. The rule has one
+owner, the connection's InputQueue: a client message is unhandled from when daphne queues it until
+the application asks for its next message."""
 
 from __future__ import annotations
 
 import asyncio
 
-from speech.web.flowcontrol import CLOSE_HANDSHAKE_TIMEOUT_S, FlowControl
-from speech.web.wsprotocol import BudgetedWebSocketProtocol
+from speech.server.flowcontrol import FlowControl
+from speech.server.websocket import SpeechWebSocket
 
 TURNS = 10  # loop turns given to a waiter that could finish; it waits on an event, so none is enough
 
@@ -18,96 +20,71 @@ async def still_waiting(task):
     return not task.done()
 
 
+def client_message(text):
+    return {"type": "websocket.receive", "text": text}
+
+
 async def test_audio_waits_until_every_message_read_is_handled():
     flow = FlowControl()
     await flow.writable()
-    flow.message_read()
-    flow.message_read()
+    flow.input.put_nowait(client_message("one"))
+    flow.input.put_nowait(client_message("two"))
     waiter = asyncio.create_task(flow.writable())
     assert await still_waiting(waiter)
-    flow.message_handled()
+    assert (await flow.input.get())["text"] == "one"  # taken: still being handled
     assert await still_waiting(waiter)
-    flow.message_handled()
+    assert (await flow.input.get())["text"] == "two"  # the first is handled, the second is not
+    assert await still_waiting(waiter)
+    asking = asyncio.create_task(flow.input.get())  # the application asks for the next: both are handled
     await waiter
-    flow.message_handled()  # one more than was read (a frame from before the flow was attached) is harmless
+    asking.cancel()
+
+
+async def test_the_connect_and_the_disconnect_never_hold_audio():
+    """Only the client's messages count: a disconnect queued behind a session's last audio frees it."""
+    flow = FlowControl()
+    flow.input.put_nowait({"type": "websocket.connect"})
+    await flow.writable()
+    await flow.input.get()
+    flow.input.put_nowait({"type": "websocket.disconnect", "code": 1006})
     await flow.writable()
 
 
 async def test_a_paused_connection_still_holds_audio_once_its_messages_are_handled():
     flow = FlowControl()
     flow.pauseProducing()
-    flow.message_read()
+    flow.input.put_nowait(client_message("cancel"))
     waiter = asyncio.create_task(flow.writable())
-    flow.message_handled()
+    await flow.input.get()
+    asking = asyncio.create_task(flow.input.get())
     assert await still_waiting(waiter)
     flow.resumeProducing()
     await waiter
+    asking.cancel()
 
 
 def protocol_with(flow):
-    protocol = BudgetedWebSocketProtocol.__new__(BudgetedWebSocketProtocol)
-    protocol.speech_flow, protocol.muted, protocol.failedByMe = flow, False, False
+    protocol = SpeechWebSocket.__new__(SpeechWebSocket)
+    protocol.muted, protocol.failedByMe = False, False
     protocol.client_addr = ("127.0.0.1", 50000)
-    protocol.application_queue = asyncio.Queue()
+    protocol.application_queue = flow.input  # what the launcher gives daphne for a WebSocket
     return protocol
 
 
-async def test_daphne_reports_each_message_it_queues_and_none_it_drops():
+async def test_each_message_daphne_queues_holds_audio_and_none_it_drops():
     flow = FlowControl()
     protocol = protocol_with(flow)
     protocol.onMessage(b'{"type": "input.cancel"}', False)
-    assert protocol.application_queue.qsize() == 1
+    assert flow.input.qsize() == 1
     waiter = asyncio.create_task(flow.writable())
     assert await still_waiting(waiter)
     protocol.muted = True  # daphne drops what a closing connection sends: nothing to wait for
     protocol.onMessage(b'{"type": "input.done"}', False)
-    assert protocol.application_queue.qsize() == 1
-    flow.message_handled()
+    assert flow.input.qsize() == 1
+    await flow.input.get()
+    asking = asyncio.create_task(flow.input.get())
     await waiter
-
-
-class _Transport:
-    def registerProducer(self, producer, streaming):
-        self.producer = producer
-
-    def unregisterProducer(self):
-        pass
-
-
-class _Protocol:
-    closeHandshakeTimeout = 1  # autobahn's default
-
-    def __init__(self):
-        self.transport = _Transport()
-
-
-async def test_the_close_reply_is_awaited_as_long_as_the_client_may_still_be_playing():
-    protocol = _Protocol()
-    flow = FlowControl.attach(protocol)
-    assert protocol.transport.producer is flow
-    assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S
-    flow.closing(42.5)
-    assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S + 42.5
-    flow.closing(0.0)
-    assert protocol.closeHandshakeTimeout == CLOSE_HANDSHAKE_TIMEOUT_S
-
-
-class _Sender(_Protocol):
-    def __init__(self):
-        super().__init__()
-        self.sent = []
-
-    def send_data_message(self, payload, binary):
-        self.sent.append((payload, binary))
-
-
-def test_the_application_sends_text_as_utf8_and_bytes_as_binary_through_the_connection():
-    protocol = _Sender()
-    flow = FlowControl.attach(protocol)
-    assert flow.attached and not FlowControl().attached  # a test's stand-in for daphne sends nothing itself
-    flow.send('{"text":"été"}')
-    flow.send(b"\x00\x01")
-    assert protocol.sent == [('{"text":"été"}'.encode(), False), (b"\x00\x01", True)]
+    asking.cancel()
 
 
 async def test_a_lost_connection_tells_its_listener_before_it_frees_a_held_sender():

@@ -510,7 +510,7 @@ def test_healthz_reports_the_engine(server):
 
 
 def test_the_server_runs_on_uvloop(server):
-    """`manage.py serve` installs uvloop before Django makes daphne's loop (speech/web/eventloop.py); the
+    """`manage.py serve` installs uvloop before Django makes daphne's loop (speech/server/eventloop.py); the
     start-up line names the loop daphne actually runs on."""
     line = next(line for line in server.stderr_text().splitlines() if "serving on ws://" in line)
     assert line.endswith("(engine hibari, event loop uvloop)"), line

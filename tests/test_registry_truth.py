@@ -1,5 +1,5 @@
 """The session registry tells the truth after the ways an instance stops (speech/control/sweep.py,
-speech/web/server.py): no row says `active` for a session that is over, in the database and in the
+speech/server/launcher.py): no row says `active` for a session that is over, in the database and in the
 admin's list of live sessions.
 
 - SIGTERM while clients do not answer the close: speaking clients that stopped reading, an idle one that

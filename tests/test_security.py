@@ -121,7 +121,7 @@ def test_speech_insecure_lets_it_listen_anywhere(settings):
 
 
 def test_with_speech_insecure_serve_starts_off_loopback_and_warns_what_is_open(settings, monkeypatch, caplog):
-    from speech.web import server
+    from speech.server import launcher as server
 
     started = []
     monkeypatch.setattr(server.SpeechCommandLine, "run", lambda self, args: started.append(args))

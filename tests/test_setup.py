@@ -69,7 +69,8 @@ def test_uvloop_is_required_only_where_it_has_wheels():
 def test_without_uvloop_the_loop_stays_asyncios(tmp_path):
     (tmp_path / "uvloop.py").write_text("raise ImportError('no wheel for this platform')\n")
     probe = (
-        "import asyncio; from speech.web import eventloop; eventloop.install(); print(type(asyncio.new_event_loop()).__module__)"
+        "import asyncio; from speech.server import eventloop; eventloop.install(); "
+        "print(type(asyncio.new_event_loop()).__module__)"
     )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -19,7 +19,7 @@ import pytest
 from speech.engines.base import EngineError
 from speech.engines.pool import SYNTHESIS_NICE
 from speech.engines.text import for_engine, for_number_reader
-from speech.web.budget import FRAME_COST_FACTOR, OVER_BUDGET_MESSAGE, Budget
+from speech.server.budget import FRAME_COST_FACTOR, OVER_BUDGET_MESSAGE, Budget
 from tests.support.live import open_session, run_session, send_json, serving, wait_for
 from tests.support.stress import ProcWatch, active_sessions, disconnects, frame_header, fuzz, raw_upgrade, tracebacks
 from tests.support.stress_load import large_config, large_configs, overload_burst, probe_first_audio
@@ -235,22 +235,18 @@ def test_a_quiet_server_trims_only_when_it_grew_since_the_last_trim(monkeypatch)
     assert len(asked) == 2  # a burst goes back
 
 
-class _Socket:
-    speech_socket = True
-
-
 def test_the_quiet_trim_waits_until_no_websocket_opened_in_between(monkeypatch):
     from speech import memory
-    from speech.web import server as module
+    from speech.server import launcher as module
 
     later = []
     monkeypatch.setattr(module.reactor, "callLater", lambda delay, fn, *args: later.append((delay, fn, args)))
     trims = []
     monkeypatch.setattr(memory, "release_after_growth", lambda: trims.append(True))
     server = module.SpeechServer.__new__(module.SpeechServer)
-    first, second = _Socket(), _Socket()
+    first, second = object(), object()  # two WebSocket protocols
     server.connections = {first: {}, second: {}}
-    server.sockets, server.opened = 2, 2
+    server._marks, server._sockets, server.opened = {}, {first, second}, 2
     server.protocol_disconnected(first)
     assert later == []  # one is still open
     server.protocol_disconnected(second)
@@ -260,7 +256,7 @@ def test_the_quiet_trim_waits_until_no_websocket_opened_in_between(monkeypatch):
     assert trims == []
     server._quiet(3)
     assert trims == [True]
-    server.sockets = 1
+    server._sockets = {first}
     server._quiet(3)
     assert trims == [True]
 
@@ -273,17 +269,20 @@ def run_until_serving(monkeypatch, probe):
 
     from daphne.server import Server
 
-    from speech.web import server as module
-    from speech.web.collector import Collector
+    from speech.server import launcher as module
+    from speech.server.collector import Collector
+    from speech.web.lifecycle import ServingLifecycle
 
     installed = Collector()
     monkeypatch.setattr(module, "collector", installed)
-    monkeypatch.setattr(module.reactor, "callWhenRunning", lambda *args: None)  # the registry sweep
+    monkeypatch.setattr(module.reactor, "callWhenRunning", lambda *args: None)  # the lifecycle's start
     served = []
     monkeypatch.setattr(Server, "run", lambda self: served.append(probe()))
     default = sys.getswitchinterval()
     try:
-        module.SpeechServer.__new__(module.SpeechServer).run()
+        server = module.SpeechServer.__new__(module.SpeechServer)
+        server.lifecycle = ServingLifecycle()  # its start is left to callWhenRunning, a no-op here
+        server.run()
     finally:
         sys.setswitchinterval(default)
         gc.callbacks.remove(installed._after_collection)

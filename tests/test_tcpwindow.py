@@ -1,6 +1,6 @@
-"""speech/web/tcpwindow.py on real loopback TCP connections: a write of `send_room()` bytes leaves the
+"""speech/server/tcpwindow.py on real loopback TCP connections: a write of `send_room()` bytes leaves the
 socket whole and at once, even for a client with a small receive buffer that fell behind, the case where a
-larger write waits for the kernel's zero-window probes. And FlowControl.send_room, what the pipeline
+larger write waits for the kernel's zero-window probes. And Connection.send_room, what the pipeline
 asks before each frame, on a real Twisted transport over such a connection."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import time
 
 import pytest
 from twisted.internet.protocol import Protocol
-from twisted.internet.tcp import Connection
+from twisted.internet.tcp import Connection as TCPConnection
 from twisted.internet.testing import MemoryReactor
 
-from speech.web.flowcontrol import FlowControl
-from speech.web.tcpwindow import FRAMING_BYTES, send_room
+from speech.server.connection import AsgiConnection, Connection
+from speech.server.tcpwindow import FRAMING_BYTES, send_room
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="struct tcp_info is Linux's")
 
@@ -119,36 +119,36 @@ def test_no_room_is_reported_for_what_is_not_a_tcp_socket():
 
 
 class Upgraded:
-    """What FlowControl reads of daphne's protocol: its transport and the TCP transport under it."""
+    """What a Connection reads of daphne's protocol: its transport and the TCP transport under it."""
 
     def __init__(self, transport, tcp):
-        self.transport, self.speech_tcp = transport, tcp
+        self.transport, self.tcp = transport, tcp
 
 
 @pytest.fixture
 def transport(connection):
     server, client = connection
-    tcp = Connection(server, Protocol(), MemoryReactor())  # its reactor never runs: nothing is sent behind our back
+    tcp = TCPConnection(server, Protocol(), MemoryReactor())  # its reactor never runs: nothing is sent behind our back
     tcp.connected = True
     return tcp
 
 
-def test_the_flow_reports_the_room_while_the_client_keeps_up(transport):
-    flow = FlowControl(Upgraded(transport, transport))
-    assert flow.send_room() == send_room(transport.socket) > 0
+def test_the_connection_reports_the_room_while_the_client_keeps_up(transport):
+    connection = Connection(Upgraded(transport, transport))
+    assert connection.send_room() == send_room(transport.socket) > 0
 
 
-def test_the_flow_reports_no_room_while_held_or_while_twisted_holds_bytes(transport):
-    flow = FlowControl(Upgraded(transport, transport))
-    flow.pauseProducing()
-    assert flow.send_room() == 0
-    flow.resumeProducing()
-    assert flow.send_room() > 0
+def test_the_connection_reports_no_room_while_held_or_while_twisted_holds_bytes(transport):
+    connection = Connection(Upgraded(transport, transport))
+    connection.flow.pauseProducing()
+    assert connection.send_room() == 0
+    connection.flow.resumeProducing()
+    assert connection.send_room() > 0
     transport.write(b"queued by Twisted for the reactor's next turn")
-    assert flow.send_room() == 0
+    assert connection.send_room() == 0
 
 
-def test_the_flow_reports_no_room_behind_tls(transport):
+def test_the_connection_reports_no_room_behind_tls(transport):
     tls = object()  # the TLS transport wrapping the TCP one writes records from its own buffer
-    assert FlowControl(Upgraded(tls, transport)).send_room() == 0
-    assert FlowControl(None).send_room() == 0  # tests that run the consumer without daphne
+    assert Connection(Upgraded(tls, transport)).send_room() == 0
+    assert AsgiConnection(None).send_room() == 0  # daphne without this server's launcher, and tests

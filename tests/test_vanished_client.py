@@ -1,4 +1,4 @@
-"""A client that vanishes at the wrong moment (speech/web/wsprotocol.py `_to_transport`): the frame written to
+"""A client that vanishes at the wrong moment (speech/server/patches/uvloop_closed_handle.py): the frame written to
 it neither raises into daphne nor into a session's task, and the connection ends as a disconnect.
 
 The moment is made for real, on uvloop's loop and Twisted's asyncio reactor as `manage.py serve` runs them:
@@ -20,12 +20,11 @@ from twisted.internet import tcp
 from twisted.internet.asyncioreactor import AsyncioSelectorReactor
 
 from speech.engines.fake import FakeEngine
+from speech.server.connection import Connection
 from speech.stream.session import OUTCOME_FAILED, SpeechSession
-from speech.web.consumers import SpeechStreamConsumer
-from speech.web.flowcontrol import FlowControl
 
 from .conftest import limits
-from .support.ws_protocol import OpenedProtocol, opened
+from .support.websocket import OpenedProtocol, opened
 
 TCP_CLOSE = 7  # tcpi_state once the reset has arrived (linux/tcp_states.h)
 WAIT_S = 5.0
@@ -53,7 +52,7 @@ def vanished():
     protocol, _ = opened(Watched)
     transport = tcp.Connection(server, protocol, reactor)
     transport.connected = True
-    protocol.transport = protocol.speech_tcp = transport
+    protocol.transport = protocol.tcp = transport
     protocol.dataReceived = lambda data: None  # its last frame: session.config, say
     transport.startReading()
     client.send(b"the last frame")
@@ -82,11 +81,10 @@ def settle(loop):
 
 def test_a_frame_to_a_vanished_client_raises_disconnected_and_ends_the_connection(vanished):
     protocol, loop = vanished
-    flow = FlowControl(protocol)
     with pytest.raises(Disconnected):
-        flow.send('{"type":"session.configured"}')
+        protocol.send_data_message(b'{"type":"session.configured"}', False)
     with pytest.raises(Disconnected):  # and so does every later one, before it touches the transport
-        flow.send(b"audio")
+        protocol.send_data_message(b"audio", True)
     settle(loop)
     assert protocol.ended is not None and protocol.ended[0] is False  # daphne hears of a disconnect
 
@@ -100,27 +98,22 @@ def test_autobahns_own_frames_to_a_vanished_client_end_the_connection_without_ra
 
 
 def test_a_session_that_expires_on_a_vanished_client_ends_with_no_exception_left_in_a_task(vanished):
-    """SpeechSession._expire -> _end -> send_json (the error event) -> the consumer's send: the traceback
+    """SpeechSession._expire -> _end -> send_json (the error event) -> the connection's send: the traceback
     "Task exception was never retrieved" came from there."""
     protocol, loop = vanished
     unhandled = []
     loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
     closes = []
-
-    async def base_send(message):  # Channels' send to daphne, for the close
-        closes.append(message)
-        protocol.handle_reply(message)
+    protocol.serverClose = lambda code=None: closes.append(code)  # daphne's close, for the session's close
 
     async def run():
-        consumer = SpeechStreamConsumer()
-        consumer.flow, consumer.base_send, consumer._open = FlowControl(protocol), base_send, True
-        session = SpeechSession(consumer, FakeEngine(), limits(config_timeout_s=0.01))
+        session = SpeechSession(Connection(protocol), FakeEngine(), limits(config_timeout_s=0.01))
         session.start()
         await asyncio.wait_for(session.closed.wait(), WAIT_S)
         await asyncio.sleep(0.01)
-        return consumer, session
+        return session
 
-    consumer, session = loop.run_until_complete(run())
-    assert session.outcome == OUTCOME_FAILED and not consumer._open
+    session = loop.run_until_complete(run())
+    assert session.outcome == OUTCOME_FAILED and protocol.gone
     assert closes == []  # nothing more is sent once the connection is known to be gone
     assert protocol.ended is not None and unhandled == []

@@ -10,7 +10,7 @@ marked lost (failed, as `registry.lost` marks one; speech/control/registry.py `i
   (speech/control/layer.py) is older than signals.STALE_S, or has been missing for MISSING_GRACE_S
   (Redis restarted empty or failed over: a live instance writes it again at its next beat).
 
-A graceful shutdown records its sessions' ends itself (speech/web/server.py).
+A graceful shutdown records its sessions' ends itself (speech/web/lifecycle.py).
 """
 
 from __future__ import annotations

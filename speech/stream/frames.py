@@ -4,7 +4,7 @@ A segment's first frame is short, so that playback starts at once; later frames 
 more, up to MAX_FRAME_S, while the connection sends that much at once (`Transport.send_room`: a
 client that reads faster than the audio comes). Every frame costs the event loop and the client
 (bench/RESULTS.md). Frames never outgrow the window, because on loopback a write larger than it may
-wait seconds (speech/web/tcpwindow.py); a client that falls behind gets FRAME_S frames.
+wait seconds (speech/server/tcpwindow.py); a client that falls behind gets FRAME_S frames.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def parse_message(raw: str, *, handshake: bool = False) -> dict[str, Any]:
 
 async def parse_in_thread(raw: str) -> dict[str, Any]:
     """parse_message for a large handshake, in a thread: the loop stays free. (The server's
-    consumer passes a version that also reserves memory first: speech/web/budget.py.)"""
+    consumer passes a version that also reserves memory first: speech/server/budget.py.)"""
     return await asyncio.to_thread(parse_message, raw, handshake=True)
 
 

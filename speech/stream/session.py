@@ -1,9 +1,10 @@
 """One speech session's state machine, in plain asyncio: it knows nothing of Channels.
 
-A transport (the consumer, or a test's recorder) feeds it client frames with `receive_text` /
-`receive_bytes` and gives it three coroutines to talk back: `send_json`, `send_bytes`,
-`close(code)`. Handling a frame only parses, checks and enqueues; synthesis and delivery run in
-the pipeline's tasks, so frames are handled at once even while audio is being produced.
+Its adapter (the consumer, or a test) feeds it client frames with `receive_text` /
+`receive_bytes`, and its Transport (the server's connection, or a test's recorder) gives it three
+coroutines to talk back: `send_json`, `send_bytes`, `close(code, audio_ahead_s)`. Handling a frame
+only parses, checks and enqueues; synthesis and delivery run in the pipeline's tasks, so frames are
+handled at once even while audio is being produced.
 
 States: AWAITING_CONFIG -> ACTIVE -> DRAINING (after input.done) -> CLOSED.
 """
@@ -53,7 +54,9 @@ CONFIG_PARSE_OFFLOAD_BYTES = 1 << 20  # larger handshakes are parsed in a thread
 class Transport(Protocol):
     async def send_json(self, event: dict) -> None: ...
     async def send_bytes(self, data: bytes) -> None: ...
-    async def close(self, code: int) -> None: ...
+    async def close(self, code: int, audio_ahead_s: float = 0.0) -> None:
+        """Close with `code`; the client may still be playing `audio_ahead_s` seconds of audio it has received."""
+        ...
 
     def send_room(self) -> int:
         """Bytes of audio the connection would send at once, whole, right now (0: unknown)."""
@@ -341,7 +344,7 @@ class SpeechSession:
         if close_code is not None:
             self.state = State.CLOSED
             self.closed.set()
-            await self.transport.close(close_code)
+            await self.transport.close(close_code, self.pipeline.audio_ahead_s() if self.pipeline is not None else 0.0)
         if outcome in (OUTCOME_DISCONNECTED, OUTCOME_TERMINATED):
             self.state = State.CLOSED
             self.closed.set()

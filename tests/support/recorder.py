@@ -23,7 +23,7 @@ class Recorder:
     def __init__(self, *, yield_on_send=False):
         self.yield_on_send = yield_on_send
         # Cleared: the client "stops reading" and send_bytes waits, as the consumer's does on a
-        # full socket (speech/web/flowcontrol.py).
+        # full socket (speech/server/flowcontrol.py).
         self.writable = asyncio.Event()
         self.writable.set()
         self.held_sends = 0  # send_bytes calls that found the transport not writable
@@ -51,7 +51,7 @@ class Recorder:
     def send_room(self):
         return self.room
 
-    async def close(self, code):
+    async def close(self, code, audio_ahead_s=0.0):
         if self.yield_on_send:
             await asyncio.sleep(0)
         self._record("close", code)

@@ -272,7 +272,7 @@ def abort(writer_or_ws):
 async def vanish_after_config(server, config=None):
     """A client that sends its session.config and resets the connection at once: the config and the reset
     usually reach the server before its loop polls, which is when uvloop closed the socket's handle under
-    daphne (speech/web/wsprotocol.py `_to_transport`)."""
+    daphne (speech/server/websocket.py `_to_transport`)."""
     _reader, writer = await raw_upgrade(server.host, server.port)
     body = json.dumps({"type": "session.config", "session": config or {"response_format": "pcm"}}).encode()
     writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -3,8 +3,9 @@
 daphne's own frame limit defaults to 1 MiB, below the contract's 16 MiB session.config. It is set
 here from the settings: the largest allowed frame plus 1 MiB, so that a frame somewhat over a
 limit still reaches the application and gets the contract's error (4009) rather than a bare close.
-daphne runs in this process (speech.web.server), so SIGTERM stops it after sessions have been ended,
-on uvloop's event loop (speech/web/eventloop.py, which manage.py installs before Django starts).
+daphne runs in this process (speech/server/launcher.py), so SIGTERM stops it after sessions have been
+ended, on uvloop's event loop (speech/server/eventloop.py, which manage.py installs before Django starts),
+with the project's start and stop (speech/web/lifecycle.py).
 """
 
 import logging
@@ -52,14 +53,13 @@ class Command(BaseCommand):
             raise CommandError(refusal)
         if conf.INSECURE and not security.is_loopback(host) and security.problems():
             logger.warning("SPEECH_INSECURE=true: listening on %s with %s", host, "; ".join(security.problems()))
-        from daphne.server import twisted_loop  # the loop daphne made when Django loaded its app
+        from speech.server import eventloop
+        from speech.server.launcher import SpeechCommandLine
+        from speech.web.lifecycle import ServingLifecycle
 
-        from speech.web import eventloop
-        from speech.web.server import SpeechCommandLine
-
-        # uvloop's where it is installed, chosen by manage.py before Django started (speech/web/eventloop.py).
-        loop = type(twisted_loop).__module__.partition(".")[0]
+        # uvloop's where it is installed, chosen by manage.py before Django started (speech/server/eventloop.py).
+        loop = eventloop.daphne_loop()
         if loop != "uvloop":
             logger.warning("event loop: asyncio's own (%s)", eventloop.MISSING)
         logger.info("serving on ws://%s:%s/v1/audio/speech/stream (engine %s, event loop %s)", host, port, conf.ENGINE, loop)
-        SpeechCommandLine().run(daphne_args(host, port))
+        SpeechCommandLine(ServingLifecycle()).run(daphne_args(host, port))

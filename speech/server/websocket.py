@@ -1,37 +1,41 @@
-"""daphne's WebSocket protocol, as speech/web/server.py runs it: large frames are metered against the
-process's memory budget (speech/web/budget.py) from their header on, before their payload is read,
-what it sends goes straight to the socket when nothing is waiting before it (write_through), the
-application's messages reach it without daphne's and Channels' layers (send_data_message), and
-autobahn's debug log lines cost nothing while debug logging is off (LogArgument)."""
+"""daphne's WebSocket protocol, as speech/server/launcher.py runs it: large frames are metered against the
+process's memory budget (speech/server/budget.py) from their header on, before their payload is read,
+what it sends goes straight to the socket when nothing is waiting before it (write_through), and the
+application's messages reach it without daphne's and Channels' layers (send_data_message, called by
+speech/server/connection.py). A write that finds the connection gone aborts it
+(speech/server/patches/uvloop_closed_handle.py), and autobahn's debug log lines cost nothing while
+debug logging is off (speech/server/patches/autobahn_debug_log.py)."""
 
-import functools
 import json
-import logging
-import pprint
 import socket
 import struct
 import sys
 import time
 
 from autobahn.exception import Disconnected
-from autobahn.twisted import websocket as autobahn_twisted
-from autobahn.websocket import protocol as autobahn_protocol
 from daphne.ws_protocol import WebSocketProtocol
 
 from .. import metrics
 from .budget import frame_cost, get_budget, over_budget_error
+from .patches import autobahn_debug_log
+from .patches.uvloop_closed_handle import AbortWhenGone
 from .tcpwindow import writes_through
 
-logger = logging.getLogger(__name__)
+autobahn_debug_log.apply()
 
 
-class BudgetedWebSocketProtocol(WebSocketProtocol):
+class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
     """daphne's protocol, with each large data frame's memory reserved before its payload is read.
 
     A frame the budget cannot take ends the connection with the capacity error and 4013; its
     payload is dropped as it arrives (autobahn skips a connection it has failed), never stored."""
 
     reservation = None
+    tcp = None  # the TCP transport under the connection (TLS wraps it), found when it is made
+
+    def connectionMade(self):
+        self.tcp = tcp_transport(self.transport)
+        super().connectionMade()
 
     def onMessageFrameBegin(self, length):
         super().onMessageFrameBegin(length)
@@ -54,40 +58,19 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         # application of the disconnect, so the session ends at once.
         self.failedByMe = True
 
-    speech_tcp = None  # the TCP transport under the connection (TLS wraps it), set by speech/web/server.py
-
     def sendData(self, data, sync=False, chopsize=None):
         """Every frame (and the handshake and close) goes straight to the socket when nothing is waiting
-        before it; only what the socket does not take is left to Twisted (speech.web.wsprotocol.write_through)."""
+        before it; only what the socket does not take is left to Twisted (write_through, below)."""
         if not sync and not chopsize:
             data = self._write_through((data,))
             if not data:
                 return
         self._to_transport(data, sync, chopsize)
 
-    speech_gone = False  # a write found the connection gone (`_to_transport`): it is being aborted
-
-    def _to_transport(self, data, sync=False, chopsize=None):
-        """Hand `data` to autobahn and Twisted, which buffer it and ask the reactor to write it. That asking
-        raises when the event loop has already given up the socket: uvloop closes a socket's poll handle
-        when epoll reports an error (a client that sent its last frame and then a reset), runs the reader
-        once and keeps the closed handle, so the next `add_writer` raises RuntimeError ("the handler is
-        closed") and the reader never runs again. Such a connection is gone: it is aborted, so that daphne
-        reports the disconnect and the session ends as one, and nothing escapes to the caller (daphne,
-        a ping's timer, the session's tasks); `send_data_message` raises Disconnected after it."""
-        if self.speech_gone:
-            return
-        try:
-            super().sendData(data, sync, chopsize)
-        except (RuntimeError, OSError) as exc:
-            self.speech_gone = True
-            logger.debug("connection from %s gone while writing to it (%s): aborted", self.peer, exc)
-            self.transport.abortConnection()
-
     def _write_through(self, parts):
         """Write `parts` to the socket now if nothing waits before them (write_through); return the bytes
         left for Twisted, all of them when the socket is not written directly."""
-        tcp = self.speech_tcp
+        tcp = self.tcp
         if tcp is None or tcp is not self.transport or self.logOctets or self.send_queue:  # logOctets: debugging only
             return b"".join(parts)
         rest = write_through(tcp, parts)
@@ -98,13 +81,13 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
     def send_data_message(self, payload, binary):
         """Send one whole text or binary message, as autobahn's `sendMessage` does on this server: one
         unmasked frame, uncompressed, whose header and payload are written to the socket together
-        (`sendmsg`) instead of being joined first. The application calls this through its FlowControl
-        (speech/web/flowcontrol.py), not through Channels' `send`, daphne's `handle_reply` and
+        (`sendmsg`) instead of being joined first. The application calls this through its Connection
+        (speech/server/connection.py), not through Channels' `send`, daphne's `handle_reply` and
         `serverSend` and autobahn's `sendMessage` and `sendFrame`, which do nothing more for an open
-        connection: the event loop's CPU per audio second fell 9 % (bench/compare.py, C = 4 and 8).
+        connection (docs/decisions.md).
         Raises autobahn's Disconnected once the connection is not open, as `sendMessage` does, and when it
         finds the connection gone (`_to_transport`)."""
-        if self.state != self.STATE_OPEN or self.speech_gone:
+        if self.state != self.STATE_OPEN or self.gone:
             raise Disconnected("Attempt to send on a closed protocol")
         size = len(payload)
         if (
@@ -118,7 +101,7 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
             self.sendMessage(payload, binary)  # autobahn's own way, whatever these ask for
         else:
             self._send_frame(payload, binary)
-        if self.speech_gone:
+        if self.gone:
             raise Disconnected("the connection is gone")
 
     def _send_frame(self, payload, binary):
@@ -132,11 +115,7 @@ class BudgetedWebSocketProtocol(WebSocketProtocol):
         if rest:
             self._to_transport(rest)
 
-    speech_flow = None  # the connection's FlowControl (speech/web/server.py), told of every message queued
-
     def onMessage(self, payload, isBinary):
-        if self.speech_flow is not None and not self.muted:  # daphne queues it for the application
-            self.speech_flow.message_read()
         reservation, self.reservation = self.reservation, None
         if reservation is None or self.muted or self.failedByMe:
             super().onMessage(payload, isBinary)
@@ -203,36 +182,3 @@ def write_through(tcp, parts):
             return b"".join((part[sent:], *parts[at + 1 :]))
         sent -= len(part)
     return b""
-
-
-class LogArgument:
-    """An argument of one of autobahn's debug log lines, formatted only when the line is rendered.
-
-    autobahn builds these arguments before it calls `log.debug`, which txaio has made a no-op at any
-    level above debug: a `pformat` of its 29 settings for every new connection, and names coloured
-    with click for every read. That was an eighth of the event loop's work for a session's handshake
-    (`cProfile` of `manage.py serve`, 500 sessions). Wrapped in this, the work happens only if a log
-    observer formats the line, and the text is the same."""
-
-    __slots__ = ("_formatter", "_args")
-
-    def __init__(self, formatter, *args):
-        self._formatter = formatter
-        self._args = args
-
-    def __str__(self):
-        return str(self._formatter(*self._args))
-
-    __repr__ = __str__
-
-
-def _defer_debug_arguments():
-    """Every use of these names in the two autobahn modules daphne runs is an argument of a debug log
-    line, except `Timings.__str__`'s pformat, which is given back its eager one."""
-    for module, names in ((autobahn_protocol, ("pformat", "hltype", "hlval")), (autobahn_twisted, ("hltype", "hlval"))):
-        for name in names:
-            setattr(module, name, functools.partial(LogArgument, getattr(module, name)))
-    autobahn_protocol.Timings.__str__ = lambda timings: pprint.pformat(timings._timings)
-
-
-_defer_debug_arguments()

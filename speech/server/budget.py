@@ -5,7 +5,7 @@ autobahn keeps the frame's chunks, joins them into one bytes object, daphne deco
 str and queues it for the application, which parses it in a thread. Twenty such frames at once
 took a process from 300 to 735 MB. So memory is reserved where it is first spent:
 
-* the WebSocket protocol (speech/web/wsprotocol.py, plugged in by speech/web/server.py) reserves
+* the WebSocket protocol (speech/server/websocket.py, plugged in by speech/server/launcher.py) reserves
   `FRAME_COST_FACTOR` x the length a frame header announces, before any of its payload is read; when
   the budget cannot take it the connection gets the capacity error and close 4013 and the payload is
   discarded as it arrives. The reservation travels with the frame to the application (`Reservation`,

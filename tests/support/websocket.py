@@ -1,4 +1,4 @@
-"""daphne's WebSocket protocol as the server runs it (speech/web/wsprotocol.py), opened by autobahn's own
+"""daphne's WebSocket protocol as the server runs it (speech/server/websocket.py), opened by autobahn's own
 handshake with no daphne application behind it: for tests of what it writes."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import base64
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from twisted.internet.testing import StringTransport
 
-from speech.web.wsprotocol import BudgetedWebSocketProtocol
+from speech.server.websocket import SpeechWebSocket
 
 
-class OpenedProtocol(BudgetedWebSocketProtocol):
+class OpenedProtocol(SpeechWebSocket):
     """The server's protocol once autobahn's own handshake has opened it, with no daphne application behind it."""
 
     onConnect = WebSocketServerProtocol.onConnect

@@ -13,7 +13,7 @@ Read from the kernel's `struct tcp_info` (linux/include/uapi/linux/tcp.h), whose
 `tcpi_snd_wnd` (Linux 5.4+) is the window, bytes sent less retransmitted less acknowledged are in
 flight, and `tcpi_notsent_bytes` wait in the socket. Elsewhere (another OS, an older kernel) the
 room is unknown: 0. `writes_through` says whether Twisted's transport holds bytes of its own in front
-of the socket (speech/web/wsprotocol.py writes straight to the socket only when it does not).
+of the socket (speech/server/websocket.py writes straight to the socket only when it does not).
 """
 
 import socket

@@ -1,5 +1,5 @@
 """What the WebSocket protocol sends goes straight to the socket when nothing is waiting before it
-(speech/web/wsprotocol.py): `write_through` on a real Twisted TCP transport over a real socket pair
+(speech/server/websocket.py): `write_through` on a real Twisted TCP transport over a real socket pair
 (its reactor never runs, so whatever arrives was sent at once), and the protocol's use of it; the
 application's data messages (`send_data_message`) are the frames autobahn's `sendMessage` makes.
 Also: autobahn's debug log arguments are only formatted for a line that is rendered."""
@@ -21,10 +21,11 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.tcp import Connection
 from twisted.internet.testing import MemoryReactor
 
-from speech.web.tcpwindow import writes_through
-from speech.web.wsprotocol import BudgetedWebSocketProtocol, LogArgument, frame_header, tcp_transport, write_through
+from speech.server.patches.autobahn_debug_log import LogArgument
+from speech.server.tcpwindow import writes_through
+from speech.server.websocket import SpeechWebSocket, frame_header, tcp_transport, write_through
 
-from .support.ws_protocol import OpenedProtocol, opened
+from .support.websocket import OpenedProtocol, opened
 
 
 @pytest.fixture
@@ -111,12 +112,12 @@ def test_the_tcp_transport_is_found_under_a_wrapping_one(wire):
 
 def test_the_protocol_writes_through_the_tcp_transport_and_only_that(wire):
     tcp, theirs, reactor = wire
-    protocol = BudgetedWebSocketProtocol()
+    protocol = SpeechWebSocket()
     protocol.state = protocol.STATE_OPEN
     protocol.send_queue = collections.deque()
     protocol.trafficStats = TrafficStats()
     protocol.logOctets = False  # as daphne's factory sets it
-    protocol.transport = protocol.speech_tcp = tcp
+    protocol.transport = protocol.tcp = tcp
     protocol.sendData(b"\x82\x05audio")
     assert received(theirs) == b"\x82\x05audio" and tcp not in reactor.getWriters()
     assert protocol.trafficStats.outgoingOctetsWireLevel == 7
@@ -226,7 +227,7 @@ def test_a_closed_connection_raises_disconnected():
 def test_a_data_message_goes_to_the_socket_in_one_write_and_never_overtakes_twisted(wire):
     tcp, theirs, reactor = wire
     protocol, _ = opened()
-    protocol.transport = protocol.speech_tcp = tcp
+    protocol.transport = protocol.tcp = tcp
     protocol.send_data_message(b"audio", True)
     assert received(theirs) == b"\x82\x05audio" and tcp not in reactor.getWriters()
     tcp.write(b"held")  # Twisted holds bytes for the reactor's next turn: the message goes after them
