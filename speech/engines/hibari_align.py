@@ -28,7 +28,7 @@ DURATIONS = "/Clip_output_0"
 STEP_FRAMES = 2
 END_PAD_S = 0.03  # kept after the last sound's gate frame (speech.audio.signal) for a word's release
 END_LEAD_S = 0.05  # a word followed at once by the next ends this much before its last frame (_lead)
-JOINED_S = 0.1  # words closer than this have no pause between them
+JOINED_S = 0.1  # words closer than this have no pause between them: they abut (_lead)
 
 
 def model_with_durations(path: str) -> bytes:
@@ -94,13 +94,20 @@ def alignment(plan: Plan, part: Part, steps, kept, sound, offset: int, rate: int
 
 def _lead(words: list[WordTiming]) -> list[WordTiming]:
     """A word followed at once by another (no pause between) ends END_LEAD_S before its last frame,
-    at most half its time earlier: the decoder starts a sound ahead of its frames (a sentence's first sound
-    leads its first phoneme by up to ~50 ms), so a word's last frames already carry the next word's
-    onset; cut at the frame boundary, Whisper hears the next word in a third of the cuts that fail
-    (bench/RESULTS.md, bench/timestamps.py)."""
+    at most half its time earlier, and the next word starts there: the decoder starts a sound ahead of
+    its frames (a sentence's first sound leads its first phoneme by up to ~50 ms), so a word's last
+    frames already carry the next word's onset, and the word space between them (a phoneme with frames
+    of its own, no pause) is that onset too. Cut at the frame boundary, Whisper hears the next word in a
+    third of the cuts that fail; an independent aligner puts the next word's start where this one ends,
+    not after the space (bench/RESULTS.md, bench/timestamps.py)."""
     spoken = [i for i, w in enumerate(words) if w.end_s > w.start_s]
+    out = list(words)  # the ends are worked out from the frames, not from a start already moved
     for i, j in zip(spoken, spoken[1:]):
         if words[j].start_s - words[i].end_s < JOINED_S:
             word = words[i]
-            words[i] = replace(word, end_s=max((word.start_s + word.end_s) / 2, word.end_s - END_LEAD_S))
-    return words
+            end = max((word.start_s + word.end_s) / 2, word.end_s - END_LEAD_S)
+            out[i] = replace(out[i], end_s=end)
+            for k in range(i + 1, j):  # words nothing speaks, between the two: where the first ends
+                out[k] = replace(out[k], start_s=end, end_s=end)
+            out[j] = replace(out[j], start_s=end)
+    return out
