@@ -173,9 +173,7 @@ class Pipeline:
                     job.stream = start_segment(
                         self.engine, self.config, job.text, job.ticket, timestamps=self.timestamps, first_words=waiting
                     )
-                producer = Producer(
-                    job, self.engine, self.config, self.max_segment_chars, self._started, self.meter, self.is_abandoned
-                )
+                producer = Producer(job, self.engine, self.config, self.max_segment_chars, self._started, self.meter)
                 job.producer = asyncio.create_task(producer.run(self.session_id), name=f"{self.session_id}-synth")
 
     def _started(self, job: SegmentJob) -> None:
@@ -346,9 +344,6 @@ class Pipeline:
             job.ticket.abandon()
             if job.producer is not None:
                 job.producer.cancel()
-
-    def is_abandoned(self) -> bool:
-        return self._abandoned
 
     async def cancel(self, context: Context | None = None) -> int:
         """Barge-in: stop the segment being sent within one frame and drop the rest, of `context`

@@ -36,7 +36,6 @@ class Producer:
         max_segment_chars: int,
         started: Callable[[SegmentJob], None],
         meter: Meter,
-        abandoned: Callable[[], bool],
     ) -> None:
         self.job = job
         self.engine = engine
@@ -44,7 +43,6 @@ class Producer:
         self.max_segment_chars = max_segment_chars
         self.started = started  # the segment may let the next one start (pipeline.py's look-ahead)
         self.meter = meter
-        self.abandoned = abandoned  # the client has gone: a failure then is the engine stopping, not logged
 
     async def run(self, session_id: str) -> None:
         # A streamed segment with audio counts as started once its first frame is sent (delivery);
@@ -78,7 +76,7 @@ class Producer:
         except EncodingError as exc:
             job.chunks.put_nowait(server_error(str(exc)))
         except Exception:
-            if not self.abandoned():  # else the engine stopped it: nobody is listening
+            if not job.ticket.abandoned:  # else the engine stopped it: nobody listens (hang-up or cancel)
                 logger.exception("synthesis failed for a segment of %s", session_id)
             job.chunks.put_nowait(server_error("speech synthesis failed"))
         finally:
