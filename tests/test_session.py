@@ -1035,3 +1035,13 @@ async def test_the_session_reports_to_the_meter_it_is_given_and_sums_up_at_its_e
     )
     assert summary.outcome == "disconnected"  # the client left: not "cancelled", which is barge-in
     await s.finish()
+
+
+async def test_an_engine_failure_is_logged_while_its_segment_is_listened_to(speech, caplog):
+    """A segment the engine fails on while its ticket stands is logged with its traceback (once its
+    ticket is abandoned the failure is the engine stopping: tests/test_hangup_live.py)."""
+    caplog.set_level("ERROR", logger="speech.stream.producer")
+    s = await speech(FakeEngine(fail_on="FAIL", error=RuntimeError("boom")))
+    await s.text("This one will FAIL. ")
+    await s.t.event("error", message="speech synthesis failed")
+    assert [r.getMessage() for r in caplog.records] == [f"synthesis failed for a segment of {s.session.session_id}"]
