@@ -211,21 +211,10 @@ class Vocoder:
             y[i : i + count] += frames[:, i]
         first_block = self._frames - count  # y[0] is overlap-add block `first_block`
         done = len(y) if final else count
-        out = y[:done] * _norm(first_block, first_block + done, self._frames if final else None, d)
+        # dsp.ola's factors, cached by length: a block made before the last push has all its frames
+        # (those before frame 0 aside), as in the signal of the frames pushed so far.
+        out = y[:done] * d._ola_norm(self._frames)[first_block : first_block + done]
         self._open = y[count:] if not final else self._open
         # Block b holds samples (b - 2) * HOP ... (b - 1) * HOP of the signal: the first two blocks are the padding.
         skip = max(0, 2 - first_block)
         return out[skip : len(out) - 1 if final else len(out)].reshape(-1)
-
-
-def _norm(lo, hi, total, d):
-    """dsp._ola_norm's factors for overlap-add blocks lo..hi-1 (of `total` frames when known)."""
-    w2 = (d.WIN * d.WIN).reshape(-1, d.HOP)
-    k = len(w2)
-    blocks = np.arange(lo, hi)
-    wsum = np.zeros((hi - lo, d.HOP), np.float32)
-    for i in range(k):
-        frame = blocks - i
-        valid = (frame >= 0) & ((frame < total) if total is not None else True)
-        wsum[valid] += w2[i]
-    return 1.0 / np.maximum(wsum, 1e-11)
