@@ -18,7 +18,7 @@ import pytest
 from speech.engines import abandoning
 from speech.engines import pool as pool_module
 from speech.engines.pool import SynthesisPool, release_point
-from speech.stream.engine import CURRENT, Ticket
+from speech.stream.engine import CURRENT, Ticket, queues
 from speech.stream.meter import NullMeter
 
 GUARD_S = 5
@@ -693,6 +693,28 @@ def test_the_process_exits_cleanly_while_a_synthesis_thread_is_in_a_models_run()
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", EXIT_PROBE], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stdout.strip()) == (0, "exiting"), done.stderr[-2000:]
+
+
+def test_a_ticket_is_abandoned_once():
+    """A hang-up abandons its session's tickets twice (the connection's loss, then the disconnect): the
+    queues hear of each ticket once; an abandoned ticket has nothing left in them to drop."""
+
+    class Recording:
+        def __init__(self):
+            self.heard = []
+
+        def abandon(self, ticket):
+            self.heard.append(ticket)
+
+    queue = Recording()
+    queues.add(queue)
+    try:
+        ticket = Ticket()
+        ticket.abandon()
+        ticket.abandon()
+        assert ticket.abandoned and queue.heard == [ticket]
+    finally:
+        queues.discard(queue)
 
 
 async def test_a_job_queued_for_an_abandoned_segment_never_waits(pools, outcomes):

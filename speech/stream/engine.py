@@ -42,7 +42,11 @@ class Ticket:
 
     def abandon(self) -> None:
         """Nobody will hear this segment (hang-up, cancel): every queue drops its waiting jobs now and gives
-        the place of a running one to the next job at once; that one stops at its next release point."""
+        the place of a running one to the next job at once; that one stops at its next release point.
+        Once: a hang-up reaches it twice (the connection's loss, then the disconnect), and a queue has
+        nothing of an abandoned ticket left to drop (docs/decisions.md, "Hang-ups: where the probe's time went")."""
+        if self.abandoned:
+            return
         self.abandoned = True
         for queue in list(queues):
             queue.abandon(self)

@@ -336,10 +336,14 @@ class Pipeline:
     def abandon(self) -> None:
         """Nobody will hear the segments accepted so far (the client has gone): the engine drops their
         waiting jobs and stops a running one at its next step, from now on (speech/engines/pool.py), and
-        their producers are cancelled (an engine without that pool stops with them). No further segment
-        is started: a producer that ends now would otherwise start the next one's synthesis. The rest
-        (delivery, the streams' closing) is `aclose`'s."""
+        their producers are cancelled (an engine without that pool stops with them), and so is delivery:
+        it would only send their audio.done and errors to nobody, on the event loop, ahead of other
+        sessions' frames (docs/decisions.md, "Hang-ups: where the probe's time went"). No further
+        segment is started: a producer that ends now would otherwise start the next one's synthesis. The
+        rest (the streams' closing) is `aclose`'s."""
         self._abandoned = True
+        if self._delivery is not None:
+            self._delivery.cancel()
         for job in self.jobs:
             job.ticket.abandon()
             if job.producer is not None:
