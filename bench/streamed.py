@@ -1,6 +1,6 @@
 """Streamed mp3, opus and aac against pcm, over real sockets: first audio and decoded length.
 
-    .venv/bin/python bench/streamed.py [--rounds 30] [--no-write] [--strict]
+    .venv/bin/python bench/streamed.py [--rounds 30] [--beside-rounds 12] [--only-beside] [--no-write] [--strict]
 
 Starts one daphne (`manage.py serve`, engine Hibari, tests/support/live.py). Every round speaks the
 same three-sentence text (fixed seed) in one session per format, pcm, mp3, opus and aac, all with
@@ -11,6 +11,15 @@ same rate; the contract allows less than one codec frame per segment.
 
 Load: 4 sessions at once speak the same text, pcm, mp3 and opus in rotating order; the wall time to the
 last session's end, paired against pcm's (what encoding costs the server's throughput).
+
+Beside: whether encoding is off the synthesis cores' critical path. Two pcm sessions speak beside two
+sessions of pcm, mp3 or opus (the neighbours' format rotating, round by round), the same text at once
+(at saturation the three texts, below it one):
+the pcm sessions' wall time to their end, paired against the round whose neighbours are pcm, is what
+the neighbours' encoding costs synthesis. What it costs the neighbours themselves: their wall time and
+first audio against pcm neighbours', and their stall (how long a player starting at the first audio
+would have waited for audio, beyond real time). At saturation every session sends its text at once;
+below it, each sends one sentence every BELOW_GAP_S.
 
 Targets: the first audio of streamed mp3 and opus within 10 ms of pcm's (the median of the differences
 paired within a round; their p90 is reported, but on a shared machine it measures the machine); every
@@ -23,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import struct
 import sys
 import time
 from pathlib import Path
@@ -37,7 +48,7 @@ from report import RESULTS, header, write_section  # noqa: E402
 
 from speech.audio.streaming import SessionEncoder  # noqa: E402
 from tests.support.live import collect, configure, open_session, recv_item, send_json  # noqa: E402
-from tests.support.streams import assert_whole_frames, decoded_samples  # noqa: E402
+from tests.support.streams import assert_whole_frames, decoded_samples, mp3_frame_length  # noqa: E402
 
 SECTION = "## Streamed compressed audio (bench/streamed.py)"
 TARGET_FIRST_AUDIO_MS = 10.0
@@ -50,6 +61,8 @@ TEXTS = [
 ]
 FORMATS = {"pcm": 24000, "mp3": 24000, "opus": 48000, "aac": 24000}
 LOAD_SESSIONS = 4  # sessions at once in the load part
+BESIDE = ("pcm", "mp3", "opus")  # the neighbours' formats in the beside part
+BELOW_GAP_S = 1.0  # below saturation: one sentence a second, about half its audio
 
 
 async def speak(url, fmt, rate, text):
@@ -121,15 +134,134 @@ async def load_rounds(url, count, sessions):
     return ratios
 
 
+def played(frames, fmt, rate):
+    """Seconds of audio up to the end of each binary frame: pcm by its bytes, mp3 by its frames (MPEG-2
+    layer III at 24 kHz: 576 samples each), opus by its last page's granule position (48 kHz)."""
+    done, total = [], 0.0
+    for frame in frames:
+        if fmt == "pcm":
+            total += len(frame) / 2 / rate
+        elif fmt == "mp3":
+            count, at = 0, 0
+            while at < len(frame):
+                at += mp3_frame_length(frame[at : at + 4])
+                count += 1
+            total += count * 576 / rate
+        else:
+            total = max(total, max(struct.unpack_from("<q", frame, at + 6)[0] for at in page_starts(frame)) / 48000)
+        done.append(total)
+    return done
+
+
+def page_starts(frame):
+    starts, at = [], 0
+    while at < len(frame):
+        starts.append(at)
+        count = frame[at + 26]
+        at += 27 + count + sum(frame[at + 27 : at + 27 + count])
+    return starts
+
+
+async def listen(url, fmt, text, gap):
+    """(first audio, stall, end) in seconds of one session speaking `text`, its sentences sent `gap` apart
+    (at once if 0), from its first text frame; stall: how long a player that starts at the first audio
+    waits for audio on the way."""
+    ws = await open_session(url)
+    try:
+        await configure(ws, {"response_format": fmt, "stream_audio": True, "sample_rate": FORMATS[fmt], "seed": SEED})
+        sentences = re.findall(r"[^.?!]+[.?!]+\s*", text) if gap else [text]
+        t0 = time.perf_counter()
+
+        async def send():
+            for n, sentence in enumerate(sentences):
+                if n:
+                    await asyncio.sleep(gap)
+                await send_json(ws, {"type": "input.text", "text": sentence})
+            await send_json(ws, {"type": "input.done"})
+
+        sender = asyncio.create_task(send())
+        result = await collect(ws)
+        await sender
+    finally:
+        await ws.close()
+    audio = [item for item in result.items if item.kind == "audio"]
+    first = audio[0].at
+    seconds = played([item.data for item in audio], fmt, FORMATS[fmt])
+    stall = max(0.0, *(item.at - first - before for item, before in zip(audio, [0.0, *seconds[:-1]])))
+    return first - t0, stall, result.items[-1].at - t0
+
+
+async def beside_rounds(url, count, gap):
+    """Per neighbours' format: lists of (pcm wall, pcm first audio, neighbours' wall, first audio, stall)
+    per round; two pcm sessions and two neighbours at once, the neighbours' format rotating."""
+    runs = {fmt: [] for fmt in BESIDE}
+    for n in range(WARM_UP + count):
+        # At saturation all three texts (longer sessions: steadier wall times), below it one.
+        text = TEXTS[n % len(TEXTS)] if gap else "".join(TEXTS[n % len(TEXTS) :] + TEXTS[: n % len(TEXTS)])
+        for fmt in BESIDE[n % 3 :] + BESIDE[: n % 3]:
+            pcm, other = await asyncio.gather(
+                asyncio.gather(*(listen(url, "pcm", text, gap) for _ in range(2))),
+                asyncio.gather(*(listen(url, fmt, text, gap) for _ in range(2))),
+            )
+            if n >= WARM_UP:
+                runs[fmt].append(
+                    (
+                        max(end for _, _, end in pcm),
+                        np.mean([first for first, _, _ in pcm]),
+                        max(end for _, _, end in other),
+                        np.mean([first for first, _, _ in other]),
+                        max(stall for _, stall, _ in other),
+                    )
+                )
+    return runs
+
+
+def beside_table(runs):
+    """Rows of the beside part: each format's figures paired with the pcm-neighbours' round."""
+    base = np.asarray(runs["pcm"])
+    rows = [
+        "| neighbours | pcm sessions' wall time, x beside pcm (p50, p10-p90) | pcm first audio, ms paired (p50) | "
+        "neighbours' wall time, x pcm's (p50, p10-p90) | neighbours' first audio, ms paired (p50 / p90) | "
+        "neighbours' stall ms (p50 / p90 / max) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for fmt in BESIDE:
+        run = np.asarray(runs[fmt])
+        pcm_wall, other_wall = run[:, 0] / base[:, 0], run[:, 2] / base[:, 2]
+        pcm_first, other_first, stall = (run[:, 1] - base[:, 1]) * 1000, (run[:, 3] - base[:, 3]) * 1000, run[:, 4] * 1000
+        rows.append(
+            f"| {fmt} | {np.median(pcm_wall):.3f} ({np.percentile(pcm_wall, 10):.3f}-{np.percentile(pcm_wall, 90):.3f}) | "
+            f"{np.median(pcm_first):+.1f} | {np.median(other_wall):.3f} ({np.percentile(other_wall, 10):.3f}-"
+            f"{np.percentile(other_wall, 90):.3f}) | {np.median(other_first):+.1f} / {np.percentile(other_first, 90):+.1f} | "
+            f"{np.median(stall):.0f} / {np.percentile(stall, 90):.0f} / {stall.max():.0f} |"
+        )
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--beside-rounds", type=int, default=12, help="rounds of the beside part, at and below saturation")
+    parser.add_argument("--only-beside", action="store_true", help="the beside part alone, printed (RESULTS.md untouched)")
     parser.add_argument("--no-write", action="store_true", help="do not touch bench/RESULTS.md")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
     args = parser.parse_args(argv)
     command = "python bench/streamed.py" + (f" --rounds {args.rounds}" if args.rounds != 30 else "")
+    command += f" --beside-rounds {args.beside_rounds}" if args.beside_rounds != 12 else ""
     started = time.monotonic()
     with hibari_server() as server:
+        beside = {
+            "at saturation (text at once)": asyncio.run(beside_rounds(server.ws_url, args.beside_rounds, 0.0)),
+            f"below saturation (a sentence every {BELOW_GAP_S:g} s)": asyncio.run(
+                beside_rounds(server.ws_url, args.beside_rounds, BELOW_GAP_S)
+            ),
+        }
+        beside_lines = []
+        for regime, runs in beside.items():
+            beside_lines += ["", f"Beside, {regime}, {args.beside_rounds} rounds:", "", *beside_table(runs)]
+        print("\n".join(beside_lines), flush=True)
+        if args.only_beside:
+            return 0
         first, lengths = asyncio.run(rounds(server.ws_url, args.rounds))
         load = asyncio.run(load_rounds(server.ws_url, args.rounds // 2, LOAD_SESSIONS))
 
@@ -168,7 +300,7 @@ def main(argv=None):
             f"{fmt} {np.median(values):.3f}x (p10-p90 {np.percentile(values, 10):.3f}-{np.percentile(values, 90):.3f})"
             for fmt, values in load.items()
         )
-        + " (encoding off the event loop at the synthesis threads' priority, speech/audio/streaming.py)."
+        + " (encoding off the event loop, at the lowest priority while the listener has audio ahead, speech/audio/codecs.py)."
     )
     print("\n".join(rows), "", verdict_line, load_line, sep="\n")
     section = "\n".join(
@@ -189,6 +321,14 @@ def main(argv=None):
             verdict_line,
             "",
             load_line,
+            "",
+            "* Beside: two pcm sessions and two neighbours (pcm, mp3 or opus, rotating) speak the same text at once "
+            "(at saturation all three texts, below it one); paired with the round whose neighbours are pcm: the pcm "
+            "sessions' wall time to their end (what the neighbours' encoding costs synthesis: 1.0 or less when it is "
+            "off the synthesis cores' critical path) and first audio; the neighbours' own wall time and first audio; "
+            "their stall: how long a player starting at their first audio waits for audio on the way (the worst of "
+            "the two).",
+            *beside_lines,
             "",
         ]
     )

@@ -1,5 +1,5 @@
 """Where a worker thread runs, and at what CPU priority (Linux): the synthesis threads
-(speech/engines/pool.py's reasons) and the audio encoding threads (speech/audio/streaming.py).
+(speech/engines/pool.py's reasons) and the audio encoding threads (speech/audio/codecs.py).
 
 A thread's niceness and cores are its own on Linux (the kernel's thread id is a process id there); the
 pool calls none of this elsewhere.

@@ -20,18 +20,21 @@ Length tolerances (decoded minus input samples) and why:
 from __future__ import annotations
 
 import io
+import os
+import threading
 
 import av
 import numpy as np
 import pytest
 import soxr
 
-from speech.audio import codecs
+from speech.audio import codecs, output
 from speech.audio.codecs import FILE_FORMATS, RAW_FORMATS, EncodingError, RawEncoder, encode_file, output_rate
 from speech.audio.signal import pcm16
 from speech.engines.fake import FakeEngine
 from speech.stream.config import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S
+from speech.threads import LOWEST_NICE
 
 from .support.decoders import (
     best_lag,
@@ -148,6 +151,25 @@ def test_each_file_is_complete_on_its_own():
         second = encode_file(fmt, sine(rate, 0.5, 600.0), rate)
         assert abs(tone_frequency(decode_file(fmt, second).samples, rate) - 600.0) < 2.0
         assert abs(tone_frequency(decode_file(fmt, first).samples, rate) - 300.0) < 2.0
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="a thread's own niceness is Linux's")
+async def test_a_file_is_encoded_on_spare_cores_unless_the_listener_would_run_dry():
+    """One file a segment is encoded as streamed audio is: off the loop, at the lowest niceness while the
+    listener has audio enough to play, else beside synthesis, at its niceness."""
+    where = []
+
+    def encode(fmt, samples, rate):
+        where.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return encode_file(fmt, samples, rate)
+
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(output, "encode_file", encode)
+        for ahead_s in (codecs.AHEAD_S, 0.0):
+            data = await output.encode_segment("mp3", [np.zeros(2400, np.float32)] * 2, 24000, ahead_s)
+            assert decode_file("mp3", data).samples.size >= 4800
+    assert where == [LOWEST_NICE, min(LOWEST_NICE, process + codecs.DUE_NICE)]
 
 
 def test_clipping_is_saturation_not_wraparound():

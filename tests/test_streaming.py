@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import threading
 
 import av
 import numpy as np
 import pytest
 
-from speech.audio.codecs import encode_file
+from speech.audio.codecs import AHEAD_S, DUE_NICE, encode_file
 from speech.audio.streaming import SessionEncoder, StreamedAudio, ogg_crc
+from speech.threads import LOWEST_NICE
 from tests.support.streams import CONTAINERS, assert_whole_frames, decoded_samples, ogg_pages
 
 CASES = [("mp3", 24000), ("mp3", 44100), ("mp3", 8000), ("opus", 48000), ("aac", 24000), ("aac", 16000)]
@@ -109,30 +112,74 @@ def test_the_ogg_crc_is_the_one_ffmpeg_writes():
     assert ogg_crc(page[:22] + b"\0\0\0\0" + page[26:]) == int.from_bytes(page[22:26], "little")
 
 
-async def test_a_cut_while_the_encoding_thread_works_waits_for_it_and_drops_its_output():
-    """The delivery task is cancelled while a piece is being encoded off the loop: `cut` waits for that
-    call to end, and its pages, never sent, are numbered again."""
+async def test_a_cut_does_not_wait_for_the_encoding_thread_and_nothing_of_its_work_is_sent():
+    """The delivery task is cancelled while a piece is being encoded off the loop (a spare thread may
+    wait long for a core): `cut` returns at once, the stream goes on from the last page sent, and what
+    the thread makes later is in no page."""
     streamed = StreamedAudio("opus", 48000, 0.04, 2.0)
     first = b""
     async for data, _ in streamed.frames(tone(0.04, 48000)):  # the segment's first bytes, in the loop
         first += data
         streamed.sent()
     assert first
+    busy, release, ended = threading.Event(), threading.Event(), threading.Event()
+    code = streamed.encoder.code
+
+    def held(samples):
+        busy.set()
+        release.wait(5)
+        ended.set()
+        return code(samples)
+
+    streamed.encoder.code = held
 
     async def rest():
-        async for _ in streamed.frames(tone(3.0, 48000)):  # 2 s pieces, on the encoding thread
+        async for _ in streamed.frames(tone(3.0, 48000)):  # 2 s pieces, on an encoding thread
             pass
 
     task = asyncio.create_task(rest())
-    await asyncio.sleep(0)  # the encoding thread has the piece
+    await asyncio.to_thread(busy.wait, 10)  # the encoding thread has the piece
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await streamed.cut()
+    assert not ended.is_set()  # the thread is still at work: cut did not wait for it
     after = b"".join([data async for data, _ in streamed.frames(tone(0.5, 48000))])
+    release.set()
     after += (await streamed.end_segment())[0]
     assert ogg_pages(after)[0] == ogg_pages(first)[-1] + 1
-    assert decoded_samples(first + after, "opus") > 0
+    assert 0 < decoded_samples(first + after, "opus") < 48000
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="a thread's own niceness is Linux's")
+async def test_a_segment_is_encoded_beside_synthesis_only_until_the_listener_has_audio_enough():
+    """The first pieces in the loop (first audio waits for nothing); then, while the listener has less
+    than AHEAD_S of audio to play, on a thread beside synthesis at its niceness; then at the lowest
+    niceness, on what synthesis leaves free. After a cut the listener has nothing again."""
+    streamed = StreamedAudio("mp3", 24000, 0.04, 0.2)
+    calls = []
+    code, finish = streamed.encoder.code, streamed.encoder.finish
+
+    def where(method):
+        def record(*args):
+            thread = threading.get_native_id()
+            calls.append((thread == loop, os.getpriority(os.PRIO_PROCESS, thread)))
+            return method(*args)
+
+        return record
+
+    loop = threading.get_native_id()
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    in_loop, due, spare = (True, nice), (False, min(LOWEST_NICE, nice + DUE_NICE)), (False, LOWEST_NICE)
+    streamed.encoder.code, streamed.encoder.finish = where(code), where(finish)
+    for _ in range(2):
+        assert [data async for data, _ in streamed.frames(tone(2.0, 24000))]
+        assert await streamed.end_segment()
+        # 40 ms pieces in the loop until the first bytes, 200 ms ones beside synthesis until 1 s is ahead
+        assert calls == sorted(calls, key=[in_loop, due, spare].index) and {in_loop, due, spare} == set(calls)
+        assert calls.count(due) >= (AHEAD_S - 0.2) / 0.2
+        await streamed.cut()
+        calls.clear()
 
 
 async def test_seconds_follow_the_audio_each_frame_completes():

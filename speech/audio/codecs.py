@@ -4,16 +4,25 @@ Raw formats (`pcm`, `mulaw`, `alaw`) stream chunk by chunk: a `RawEncoder` turns
 its own (G.711 is one byte a sample, no state). Not streamed, every other format is one complete,
 independently decodable file per segment (`encode_file`): RIFF WAV, native FLAC, MP3, Ogg Opus, ADTS
 AAC; streamed, mp3, opus and aac are one stream a session (speech/audio/streaming.py).
+
+Both are encoded off the event loop (but a streamed segment's first frame), on the threads that
+`encoding_threads` picks: on the cores synthesis leaves free while the listener has audio enough to play,
+beside synthesis when it would otherwise run dry
+(docs/decisions.md#lossy-encoding-against-issue-43s-15--target-off-the-synthesis-cores-2026-12-06).
 """
 
 from __future__ import annotations
 
 import io
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 import av
 import numpy as np
 
+from ..threads import LOWEST_NICE, demote, synthesis_niceness
 from .signal import pcm16
 
 RAW_FORMATS = ("pcm", "mulaw", "alaw")
@@ -49,6 +58,34 @@ MEDIA_TYPES = {
 }
 OPUS_RATE = 48000  # Opus runs on a 48 kHz clock; decoders give 48 kHz whatever was put in
 _G711 = {"mulaw": "pcm_mulaw", "alaw": "pcm_alaw"}
+
+
+AHEAD_S = 1.0  # a listener with less audio than this still to play gets its audio encoded beside synthesis
+DUE_NICE = 5  # the synthesis threads' niceness (speech/engines/pool.py's SYNTHESIS_NICE), below the loop's
+
+
+def _spare_thread():
+    if hasattr(os, "setpriority"):
+        demote(threading.get_native_id(), LOWEST_NICE)
+
+
+def _due_thread():
+    if hasattr(os, "setpriority"):
+        demote(threading.get_native_id(), synthesis_niceness(DUE_NICE))
+
+
+# FFmpeg's encoders release the GIL: the event loop goes on beside both pools. Spare threads, at the lowest
+# niceness, get a core that synthesis wants hardly at all: synthesis goes first (bench/streamed.py's "beside"
+# part). Not SCHED_IDLE: a spare thread holding the GIL there held up the loop longer (docs/decisions.md).
+SPARE_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_spare_thread)
+DUE_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode-due", initializer=_due_thread)
+
+
+def encoding_threads(ahead_s):
+    """Where to encode audio for a listener with `ahead_s` seconds of audio still to play: on the spare
+    threads while it has AHEAD_S or more, else beside synthesis (spare threads could wait for a core until
+    the listener ran dry)."""
+    return SPARE_THREADS if ahead_s >= AHEAD_S else DUE_THREADS
 
 
 class EncodingError(Exception):

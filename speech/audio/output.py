@@ -16,17 +16,18 @@ from collections.abc import AsyncIterator, Sequence
 
 import numpy as np
 
-from .codecs import RAW_FORMATS, RawEncoder, encode_file
+from .codecs import RAW_FORMATS, RawEncoder, encode_file, encoding_threads
 from .streaming import StreamedAudio
 
 
-async def encode_segment(fmt: str, chunks: Sequence[np.ndarray], rate: int) -> bytes:
-    """The bytes of `chunks` (one segment's samples at `rate`, in order) as `fmt`. A file is encoded on
-    a thread: its encoder would hold the event loop for milliseconds."""
+async def encode_segment(fmt: str, chunks: Sequence[np.ndarray], rate: int, ahead_s: float) -> bytes:
+    """The bytes of `chunks` (one segment's samples at `rate`, in order) as `fmt`, for a listener with
+    `ahead_s` seconds of audio still to play. A file is encoded on an encoding thread (codecs.py): its
+    encoder would hold the event loop for milliseconds."""
     samples = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
     if fmt in RAW_FORMATS:
         return RawEncoder(fmt, rate).encode(samples)
-    return await asyncio.to_thread(encode_file, fmt, samples, rate)
+    return await asyncio.get_running_loop().run_in_executor(encoding_threads(ahead_s), encode_file, fmt, samples, rate)
 
 
 class RawStream:

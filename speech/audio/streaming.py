@@ -20,19 +20,16 @@ not sent (the zeros' frames, or a cancelled segment's). Settings and their cost:
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import struct
-import threading
+import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 import av
 import numpy as np
 
-from ..threads import demote, synthesis_niceness
-from .codecs import EncodingError
+from .codecs import EncodingError, encoding_threads
 from .signal import pcm16
 
 # format -> (FFmpeg encoder, options, bit rate); docs/decisions.md says why.
@@ -41,38 +38,27 @@ ENCODERS = {
     "opus": ("libopus", {"application": "voip", "compression_level": "0"}, 32000),
     "aac": ("aac", {"aac_coder": "fast"}, None),
 }
+# Sample formats fed as they are: LAME's s16p spares a conversion to s32p, for the same bytes out
+# (docs/decisions.md#lossy-encoding-against-issue-43s-15--target-off-the-synthesis-cores-2026-12-06).
+SHORT_FORMATS = ("s16", "s16p")
 _priming: dict[tuple[str, int], tuple[int, int]] = {}  # (format, rate) -> (frame size, priming samples)
-# The encoding threads' niceness over the process's: the synthesis threads' (speech/engines/pool.py), below the
-# event loop's. Below synthesis (+10), a session's later frames waited behind everything else on a busy
-# machine (docs/decisions.md#streamed-encoding-settings-and-off-the-event-loop-2026-12-06).
-ENCODE_NICE = 5
-
-
-def _lower_priority():
-    if hasattr(os, "getpriority"):
-        demote(threading.get_native_id(), synthesis_niceness(ENCODE_NICE))
-
-
-# FFmpeg's encoders release the GIL: sessions' audio is encoded here, beside the event loop, which an
-# encoder would hold for milliseconds, and at the synthesis threads' priority, over which the loop's would
-# take precedence (docs/decisions.md). A segment's first frame is encoded in the loop.
-_threads = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_lower_priority)
 
 
 class StreamedAudio:
     """A SessionEncoder driven by a session's delivery on the event loop. A segment's audio is encoded
     `first_s` at a time in the loop until its first bytes come (a few codec frames: under a
-    millisecond or two), then `later_s` at a time on an encoding thread; and what it handed out is
-    known to have been sent or not, so that `cut` keeps an Ogg stream numbered on from the last page
-    the client got."""
+    millisecond or two), then `later_s` at a time on an encoding thread, picked by how much audio the
+    listener has still to play (codecs.py); and what it handed out is known to have been sent or not, so
+    that `cut` keeps an Ogg stream numbered on from the last page the client got."""
 
     def __init__(self, fmt, rate, first_s, later_s):
         self.encoder = SessionEncoder(fmt, rate)
         self.rate, self.first_s, self.later_s = rate, first_s, later_s
         self._opening = True  # the segment has handed out nothing yet
         self._fed_s = 0.0  # seconds of audio fed and not yet in bytes handed out
-        self._working: asyncio.Future[bytes] | None = None
+        self._working: asyncio.Future[list[tuple[int, bytes]]] | None = None  # packets, from an encoding thread
         self._unsent = False  # the last bytes handed out have not been `sent` yet
+        self._played_out = 0.0  # time.monotonic() when the listener will have played what was handed out
 
     async def frames(self, samples):
         """(bytes, seconds of audio they complete) for a chunk of the segment, whole codec frames each."""
@@ -84,13 +70,13 @@ class StreamedAudio:
             if self._opening:
                 data = self._handed(self.encoder.encode(piece))
             else:
-                data = await self._off_loop(self.encoder.encode, piece)
+                data = self._handed(self.encoder.wrap(await self._off_loop(self.encoder.code, piece)))
             if data:
                 yield data, self._seconds()
 
     async def end_segment(self):
         """(bytes, seconds) of the segment's tail, or None; the next `frames` begins a new segment."""
-        data = await self._off_loop(self.encoder.end_segment)
+        data = self._handed(self.encoder.wrap(await self._off_loop(self.encoder.finish)))
         self._opening = True
         return (data, self._seconds()) if data else None
 
@@ -99,20 +85,24 @@ class StreamedAudio:
         self._unsent = False
 
     async def cut(self):
-        """After a cancel: once the encoder's work under way is over, the unfinished segment is forgotten."""
+        """After a cancel: the unfinished segment is forgotten at once. An encoder call still under way
+        (on a spare thread it may wait long for a core) is left to end with its encoder, whose packets
+        nobody wraps; a successor goes on with the stream."""
         working, self._working = self._working, None
-        if working is not None:
-            done = await asyncio.gather(working, return_exceptions=True)
-            self._unsent = self._unsent or (isinstance(done[0], bytes) and bool(done[0]))
-        self.encoder.cut(lost=self._unsent)
+        if working is not None and not working.done():  # asyncio.shield retrieves its failure, if any
+            self.encoder = self.encoder.successor(lost=self._unsent)
+        else:
+            self.encoder.cut(lost=self._unsent)
         self._unsent, self._opening, self._fed_s = False, True, 0.0
+        self._played_out = 0.0  # the client drops what it had not played of the cut segment
 
     async def _off_loop(self, method, *args):
-        self._working = asyncio.get_running_loop().run_in_executor(_threads, method, *args)
-        # Shielded: a cancelled delivery leaves the encoder's call to end, and `cut` waits for it.
-        data = await asyncio.shield(self._working)
+        threads = encoding_threads(self._played_out - time.monotonic())
+        self._working = asyncio.get_running_loop().run_in_executor(threads, method, *args)
+        # Shielded: a cancelled delivery leaves the encoder's call to end, and `cut` sees it under way.
+        packets = await asyncio.shield(self._working)
         self._working = None
-        return self._handed(data)
+        return packets
 
     def _handed(self, data):
         self._unsent = bool(data)
@@ -122,16 +112,19 @@ class StreamedAudio:
 
     def _seconds(self):
         seconds, self._fed_s = self._fed_s, 0.0
+        self._played_out = max(self._played_out, time.monotonic()) + seconds
         return seconds
 
 
 class SessionEncoder:
-    """The session's streamed audio of one compressed format at `rate`."""
+    """The session's streamed audio of one compressed format at `rate`. `code` and `finish` touch nothing
+    that a `successor` shares (another thread may run them); `wrap` makes their packets bytes of the
+    stream, numbering Ogg pages on."""
 
-    def __init__(self, fmt, rate):
+    def __init__(self, fmt, rate, ogg=None):
         self.fmt, self.rate = fmt, rate
         self.frame_size, self.priming = _measure(fmt, rate)
-        self._ogg = OggOpusPages() if fmt == "opus" else None
+        self._ogg = (ogg or OggOpusPages()) if fmt == "opus" else None
         self._codec = None  # the current segment's encoder, from its first samples
         # The next segment's encoder, opened ahead (LAME's open takes about half a millisecond): after a
         # segment's tail, on the encoding thread, not on the way to the next segment's first frame.
@@ -143,6 +136,14 @@ class SessionEncoder:
     def encode(self, samples):
         """Whole frames (pages) of `samples`, float32 mono at the session's rate; b"" while the encoder
         still gathers a frame."""
+        return self.wrap(self.code(samples))
+
+    def end_segment(self):
+        """The segment's last frames, its tail completed with zeros; the next `encode` starts a new segment."""
+        return self.wrap(self.finish())
+
+    def code(self, samples):
+        """The codec packets of `samples`, as `encode`."""
         if self._codec is None:
             self._codec, self._ready = self._ready or _open(self.fmt, self.rate), None
             self._lead = (self.frame_size - self.priming % self.frame_size) % self.frame_size
@@ -151,18 +152,18 @@ class SessionEncoder:
         pending = np.concatenate([self._pending, np.frombuffer(pcm16(samples), "<i2")])
         whole = pending.size - pending.size % self.frame_size
         self._pending = pending[whole:]
-        return self._wrap(self._frames(pending[:whole]))
+        return self._frames(pending[:whole])
 
-    def end_segment(self):
-        """The segment's last frames, its tail completed with zeros; the next `encode` starts a new segment."""
+    def finish(self):
+        """The codec packets of the segment's end, as `end_segment`."""
         if self._codec is None:
-            return b""
+            return []
         end = self._fed + self._pending.size  # where the segment's samples end, in the encoder's count
         tail = np.zeros(-self._pending.size % self.frame_size, np.int16)
         packets = self._frames(np.concatenate([self._pending, tail]), flush=True)
         self._codec, self._pending = None, np.zeros(0, np.int16)
         self._ready = self._ready or _open(self.fmt, self.rate)
-        return self._wrap([packet for packet in packets if packet[0] < end])
+        return [packet for packet in packets if packet[0] < end]
 
     def cut(self, lost):
         """After a cancel: the unfinished segment is forgotten (nothing of it is sent later). `lost`: the
@@ -173,23 +174,29 @@ class SessionEncoder:
         if lost and self._ogg is not None:
             self._ogg.rewind()
 
+    def successor(self, lost):
+        """After a cancel while this encoder is still busy with the cut segment (on another thread): a
+        new one that goes on with the stream, its Ogg pages numbered on as `cut` would."""
+        if lost and self._ogg is not None:
+            self._ogg.rewind()
+        return SessionEncoder(self.fmt, self.rate, self._ogg)
+
     def _frames(self, samples, flush=False):
         """(pts, bytes) of each codec packet out of the encoder for `samples` (whole frames), keeping
         those that hold some of the segment: the ones of the priming and the lead zeros are left out."""
         packets = []
         try:
             for start in range(0, samples.size, self.frame_size):
-                frame = av.AudioFrame.from_ndarray(samples[None, start : start + self.frame_size], format="s16", layout="mono")
-                frame.sample_rate, frame.pts, frame.time_base = self.rate, self._fed, Fraction(1, self.rate)
+                packets += self._codec.encode(_frame(self._codec, samples[start : start + self.frame_size], self._fed))
                 self._fed += self.frame_size
-                packets += self._codec.encode(_convert(self._codec, frame))
             if flush:
                 packets += self._codec.encode(None)
         except av.FFmpegError as exc:
             raise EncodingError(f"{self.fmt} encoder failed: {exc}") from exc
         return [(packet.pts, bytes(packet)) for packet in packets if packet.pts >= self._lead]
 
-    def _wrap(self, packets):
+    def wrap(self, packets):
+        """The bytes of packets from `code` or `finish`, in order: whole frames, or Ogg pages numbered on."""
         if self.fmt == "aac":  # FFmpeg's AAC encoder gives raw frames: each gets its ADTS header
             return b"".join(adts_header(len(data), self.rate) + data for _, data in packets)
         if self._ogg is None:
@@ -197,23 +204,22 @@ class SessionEncoder:
         return self._ogg.pages([data for _, data in packets], self.frame_size)
 
 
-def _convert(codec, frame):
-    """`frame` (s16) in the encoder's own sample format, at the same rate (s32p / fltp)."""
+def _frame(codec, samples, pts):
+    """A frame of `samples` (int16) in the encoder's own sample format: s16 or s16p as they are (mono:
+    the same bytes), else float (AAC)."""
     fmt = codec.format.name
-    if fmt == "s16":
-        return frame
-    samples = frame.to_ndarray()[0]
-    data = samples.astype(np.int32) << 16 if fmt == "s32p" else samples.astype(np.float32) / 32768.0
-    converted = av.AudioFrame.from_ndarray(data[None], format=fmt, layout="mono")
-    converted.sample_rate, converted.pts, converted.time_base = frame.sample_rate, frame.pts, frame.time_base
-    return converted
+    data = samples if fmt in SHORT_FORMATS else samples.astype(np.float32) / 32768.0
+    frame = av.AudioFrame.from_ndarray(data[None], format=fmt, layout="mono")
+    frame.sample_rate, frame.pts, frame.time_base = codec.sample_rate, pts, Fraction(1, codec.sample_rate)
+    return frame
 
 
 def _open(fmt, rate):
     name, options, bit_rate = ENCODERS[fmt]
     codec = av.CodecContext.create(name, "w")
     codec.sample_rate, codec.layout, codec.time_base = rate, "mono", Fraction(1, rate)
-    codec.format = "s16" if "s16" in [f.name for f in codec.codec.audio_formats] else codec.codec.audio_formats[0].name
+    formats = [f.name for f in codec.codec.audio_formats]
+    codec.format = next((f for f in SHORT_FORMATS if f in formats), formats[0])
     if bit_rate:
         codec.bit_rate = bit_rate
     codec.options = dict(options)
@@ -227,9 +233,7 @@ def _measure(fmt, rate):
     if key not in _priming:
         codec = _open(fmt, rate)
         size = codec.frame_size
-        frame = av.AudioFrame.from_ndarray(np.zeros((1, size), np.int16), format="s16", layout="mono")
-        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
-        packets = [*codec.encode(_convert(codec, frame)), *codec.encode(None)]
+        packets = [*codec.encode(_frame(codec, np.zeros(size, np.int16), 0)), *codec.encode(None)]
         _priming[key] = size, -packets[0].pts
     return _priming[key]
 

@@ -270,7 +270,7 @@ class Pipeline:
                 failure = failure or server_error(str(exc))
         if failure is None and collected:
             try:
-                data = await encode_segment(fmt, collected, self.rate)
+                data = await encode_segment(fmt, collected, self.rate, self.audio_ahead_s())
             except EncodingError as exc:
                 failure = server_error(str(exc))
             else:

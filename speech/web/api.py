@@ -303,7 +303,7 @@ async def speech(request):
         chunks = [chunk async for chunk in audio]
         if not chunks:
             raise EncodingError("the engine produced no audio")
-        data = await encode_segment(config.response_format, chunks, config.sample_rate)
+        data = await encode_segment(config.response_format, chunks, config.sample_rate, ahead_s=0.0)  # it waits for it all
     except (SpeechError, EncodingError) as exc:
         return _synthesis_error(exc)
     response = HttpResponse(data, content_type=MEDIA_TYPES[config.response_format])
