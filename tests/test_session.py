@@ -19,7 +19,7 @@ import pytest
 
 from speech.audio import signal as audio
 from speech.engines.fake import FakeEngine
-from speech.stream.engine import EngineBusy
+from speech.stream.engine import EngineBusy, queues
 from speech.stream.meter import NullMeter
 from speech.stream.outcomes import OUTCOME_DISCONNECTED, SessionSummary
 
@@ -447,6 +447,47 @@ async def test_after_the_client_has_gone_nothing_more_is_sent_nor_started(speech
     await asyncio.wait_for(until(lambda: engine.aborted == 2), HANG_GUARD_S)
     assert delivery.cancelled() and len(s.t.log) == sent
     assert engine.running == 0
+    assert [r.text for r in engine.requests] == ["First one.", "Second one."]
+
+
+class HoldingQueue:
+    """A synthesis queue (speech/engines/pool.py's part) that holds the work of every ticket."""
+
+    def __init__(self):
+        self.abandoned = []
+
+    def abandon(self, ticket):
+        self.abandoned.append(ticket)
+        return True
+
+
+async def test_after_the_client_has_gone_work_the_pool_held_is_stopped_there_and_its_tasks_sleep_until_teardown(speech):
+    """A producer whose job the pool held is left asleep by `Pipeline.abandon` (the pool has stopped the
+    job; woken now, the producers of 20 clients leaving at once take the event loop's turn ahead of a
+    newcomer's first frame, bench/hangup.py), and cancelled by the session's teardown."""
+    engine = FakeEngine(chunks=2, hold=True)
+    s = await speech(engine, stream_audio=True)
+    await s.text("First one. Second one. Third one. ")
+    await s.t.event("audio.start", sentence_index=0)
+    await s.t.binary()
+
+    async def until(predicate):
+        while not predicate():
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(until(lambda: len(engine.requests) == 2), HANG_GUARD_S)
+    queue = HoldingQueue()
+    queues.add(queue)
+    try:
+        s.session.pipeline.abandon()
+    finally:
+        queues.discard(queue)
+    producers = [job.producer for job in s.session.pipeline.jobs if job.producer is not None]
+    assert len(queue.abandoned) == 3 and len(producers) == 2  # the third segment has no producer yet
+    await asyncio.sleep(0)
+    assert engine.aborted == 0 and not any(task.done() for task in producers)
+    await asyncio.wait_for(s.session.aclose(), HANG_GUARD_S)
+    assert engine.aborted == 2 and all(task.done() for task in producers)
     assert [r.text for r in engine.requests] == ["First one.", "Second one."]
 
 

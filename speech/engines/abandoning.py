@@ -38,14 +38,15 @@ class Abandoning:
 
     def abandon(self, ticket):
         """`Ticket.abandon`'s work here: every job of `ticket` is let go (as `discard` does), its awaiting
-        task told with JobAbandoned; and no thread takes a waiting job until this turn of the loop is over."""
+        task left asleep until its owner cancels it (a hang-up's tasks woken now would take the event
+        loop ahead of other sessions' frames); and no thread takes a waiting job until this turn of the
+        loop is over. True when the ticket had jobs here."""
         with self._lock:
             jobs = [job for job in (*self._waiting, *self._active) if job.ticket is ticket]
             for job in jobs:
                 self._let_go(job)
-        for job in jobs:
-            post(job.loop, job.future, None, JobAbandoned("its listener has gone"))
         self._dispatch_soon()
+        return bool(jobs)
 
     def _dispatch_soon(self):
         """Start waiting jobs on freed places once this turn of the event loop is over: when several

@@ -244,7 +244,8 @@ class SynthesisPool(Abandoning):
                 self.meter.engine_job(started - job.queued, elapsed)  # before the result is handed over: counted when seen
             self.meter.engine_job_end(outcome)
             with self._lock:
-                if job.state == ABANDONED:  # its place was given away: this thread leaves
+                abandoned = job.state == ABANDONED
+                if abandoned:  # its place was given away: this thread leaves; its listener hears nothing
                     following = None
                 else:
                     self._active.discard(job)
@@ -263,7 +264,7 @@ class SynthesisPool(Abandoning):
             notice = (job.loop, job.future, result, error)
             if following is not None and self.release_points and _can_wait(job.ticket):
                 held.notice = notice
-            else:
+            elif not abandoned:
                 post(*notice)
             notice = result = None  # the audio is the listener's now: this thread keeps none of it alive
             job = following

@@ -22,7 +22,9 @@ from .meter import NO_METER, Meter
 class TicketQueue(Protocol):
     """A synthesis queue that holds work of tickets (speech/engines/pool.py)."""
 
-    def abandon(self, ticket: Ticket) -> None: ...
+    def abandon(self, ticket: Ticket) -> bool:
+        """Drop the ticket's waiting jobs and stop its running one; True when it held any. The tasks
+        awaiting them are not told: the ticket's owner cancels those."""
 
 
 queues: weakref.WeakSet[TicketQueue] = weakref.WeakSet()  # every queue of the process, for Ticket.abandon
@@ -40,16 +42,20 @@ class Ticket:
         self.deadline = deadline
         self.abandoned = False
 
-    def abandon(self) -> None:
+    def abandon(self) -> bool:
         """Nobody will hear this segment (hang-up, cancel): every queue drops its waiting jobs now and gives
         the place of a running one to the next job at once; that one stops at its next release point.
-        Once: a hang-up reaches it twice (the connection's loss, then the disconnect), and a queue has
-        nothing of an abandoned ticket left to drop (docs/decisions.md, "Hang-ups: where the probe's time went")."""
+        True when a queue held work of it: the tasks awaiting that work hear nothing, and the caller
+        cancels them when it suits it. Once: a hang-up reaches it twice (the connection's loss, then the
+        disconnect), and a queue has nothing of an abandoned ticket left to drop (docs/decisions.md,
+        "Hang-ups: where the probe's time went")."""
         if self.abandoned:
-            return
+            return False
         self.abandoned = True
+        held = False
         for queue in list(queues):
-            queue.abandon(self)
+            held = queue.abandon(self) or held
+        return held
 
 
 CURRENT = Ticket()  # for work with no look-ahead (REST speech, warm-up): due when queued; never abandoned

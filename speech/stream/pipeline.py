@@ -336,17 +336,20 @@ class Pipeline:
     def abandon(self) -> None:
         """Nobody will hear the segments accepted so far (the client has gone): the engine drops their
         waiting jobs and stops a running one at its next step, from now on (speech/engines/pool.py), and
-        their producers are cancelled (an engine without that pool stops with them), and so is delivery:
-        it would only send their audio.done and errors to nobody, on the event loop, ahead of other
-        sessions' frames (docs/decisions.md, "Hang-ups: where the probe's time went"). No further
-        segment is started: a producer that ends now would otherwise start the next one's synthesis. The
-        rest (the streams' closing) is `aclose`'s."""
+        delivery is cancelled: it would only send audio.done and errors to nobody, on the event loop,
+        ahead of other sessions' frames. A producer whose work the pool held sleeps on until `aclose`
+        (the teardown) cancels it: woken now, with the other sessions that left in the same turn, it
+        would take the loop's turn too (docs/decisions.md, "Hang-ups: where the probe's time went"); any
+        other producer is cancelled now (an engine without that pool stops only so). No further segment
+        is started: a producer that ends now would otherwise start the next one's synthesis. The rest
+        (the streams' closing) is `aclose`'s."""
+        if self._abandoned:
+            return
         self._abandoned = True
         if self._delivery is not None:
             self._delivery.cancel()
         for job in self.jobs:
-            job.ticket.abandon()
-            if job.producer is not None:
+            if not job.ticket.abandon() and job.producer is not None:
                 job.producer.cancel()
 
     async def cancel(self, context: Context | None = None) -> int:
