@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 LOWEST_NICE = 19  # a thread finishing a job nobody will hear: it runs only on a core no other thread wants
+SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (a third of its CPU weight)
 
 
 def synthesis_niceness(added):

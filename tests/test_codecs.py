@@ -34,7 +34,7 @@ from speech.audio.signal import pcm16
 from speech.engines.fake import FakeEngine
 from speech.stream.config import SAMPLE_RATES, SPEED_MAX, SPEED_MIN
 from speech.stream.frames import FIRST_FRAME_S, FRAME_S
-from speech.threads import LOWEST_NICE
+from speech.threads import LOWEST_NICE, SYNTHESIS_NICE
 
 from .support.decoders import (
     best_lag,
@@ -169,7 +169,7 @@ async def test_a_file_is_encoded_on_spare_cores_unless_the_listener_would_run_dr
         for ahead_s in (codecs.AHEAD_S, 0.0):
             data = await output.encode_segment("mp3", [np.zeros(2400, np.float32)] * 2, 24000, ahead_s)
             assert decode_file("mp3", data).samples.size >= 4800
-    assert where == [LOWEST_NICE, min(LOWEST_NICE, process + codecs.DUE_NICE)]
+    assert where == [LOWEST_NICE, min(LOWEST_NICE, process + SYNTHESIS_NICE)]
 
 
 def test_clipping_is_saturation_not_wraparound():

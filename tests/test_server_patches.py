@@ -40,26 +40,21 @@ def test_every_patch_module_is_applied_and_names_what_it_works_around():
     assert [module.__name__ for module in modules if "Upstream:" not in (module.__doc__ or "")] == []
 
 
+UNDONE = (  # each patch, and the upstream attribute that undoes it
+    (autobahn_debug_log, autobahn_protocol, "pformat", pprint.pformat),
+    (daphne_backpressure, SpeechServer, "create_application", Server.create_application),
+    (daphne_shutdown, SpeechServer, "kill_all_applications", Server.kill_all_applications),
+    (daphne_timeout_passes, SpeechServer, "timeout_checker", Server.timeout_checker),
+    (uvloop_closed_handle, SpeechWebSocket, "sendData", WebSocketProtocol.sendData),
+)
+
+
 def test_each_check_sees_its_patch_undone(monkeypatch):
-    with monkeypatch.context() as undone:
-        undone.setattr(autobahn_protocol, "pformat", pprint.pformat)
-        assert not autobahn_debug_log.applied()
-    with monkeypatch.context() as undone:
-        undone.setattr(SpeechServer, "create_application", Server.create_application)
-        assert not daphne_backpressure.applied()
-    with monkeypatch.context() as undone:
-        undone.setattr(SpeechServer, "kill_all_applications", Server.kill_all_applications)
-        assert not daphne_shutdown.applied()
-    with monkeypatch.context() as undone:
-        undone.setattr(SpeechServer, "timeout_checker", Server.timeout_checker)
-        assert not daphne_timeout_passes.applied()
-    with monkeypatch.context() as undone:
-        undone.setattr(SpeechWebSocket, "sendData", WebSocketProtocol.sendData)
-        assert not uvloop_closed_handle.applied()
-    assert all(
-        module.applied()
-        for module in (autobahn_debug_log, daphne_backpressure, daphne_shutdown, daphne_timeout_passes, uvloop_closed_handle)
-    )
+    for module, owner, name, upstream in UNDONE:
+        with monkeypatch.context() as undone:
+            undone.setattr(owner, name, upstream)
+            assert not module.applied(), module.__name__
+    assert all(module.applied() for module, *_ in UNDONE)
 
 
 def test_applying_twice_wraps_autobahns_formatters_once():

@@ -18,9 +18,9 @@ import av
 import numpy as np
 import pytest
 
-from speech.audio.codecs import AHEAD_S, DUE_NICE, encode_file
+from speech.audio.codecs import AHEAD_S, encode_file
 from speech.audio.streaming import SessionEncoder, StreamedAudio, ogg_crc
-from speech.threads import LOWEST_NICE
+from speech.threads import LOWEST_NICE, SYNTHESIS_NICE
 from tests.support.streams import CONTAINERS, assert_whole_frames, decoded_samples, ogg_pages
 
 CASES = [("mp3", 24000), ("mp3", 44100), ("mp3", 8000), ("opus", 48000), ("aac", 24000), ("aac", 16000)]
@@ -170,7 +170,7 @@ async def test_a_segment_is_encoded_beside_synthesis_only_until_the_listener_has
 
     loop = threading.get_native_id()
     nice = os.getpriority(os.PRIO_PROCESS, 0)
-    in_loop, due, spare = (True, nice), (False, min(LOWEST_NICE, nice + DUE_NICE)), (False, LOWEST_NICE)
+    in_loop, due, spare = (True, nice), (False, min(LOWEST_NICE, nice + SYNTHESIS_NICE)), (False, LOWEST_NICE)
     streamed.encoder.code, streamed.encoder.finish = where(code), where(finish)
     for _ in range(2):
         assert [data async for data, _ in streamed.frames(tone(2.0, 24000))]

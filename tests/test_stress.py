@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speech.engines.pool import SYNTHESIS_NICE
 from speech.engines.text import for_engine, for_number_reader
 from speech.server.budget import FRAME_COST_FACTOR, OVER_BUDGET_MESSAGE, Budget
 from speech.stream.engine import EngineError
+from speech.threads import SYNTHESIS_NICE
 from tests.support.live import open_session, run_session, send_json, serving, wait_for
 from tests.support.stress import ProcWatch, active_sessions, disconnects, frame_header, fuzz, raw_upgrade, tracebacks
 from tests.support.stress_load import large_config, large_configs, overload_burst, probe_first_audio

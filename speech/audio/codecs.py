@@ -22,7 +22,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from ..threads import LOWEST_NICE, demote, synthesis_niceness
+from ..threads import LOWEST_NICE, SYNTHESIS_NICE, demote, synthesis_niceness
 from .signal import pcm16
 
 RAW_FORMATS = ("pcm", "mulaw", "alaw")
@@ -61,24 +61,23 @@ _G711 = {"mulaw": "pcm_mulaw", "alaw": "pcm_alaw"}
 
 
 AHEAD_S = 1.0  # a listener with less audio than this still to play gets its audio encoded beside synthesis
-DUE_NICE = 5  # the synthesis threads' niceness (speech/engines/pool.py's SYNTHESIS_NICE), below the loop's
 
 
-def _spare_thread():
+def _placed(added):
+    """An encoding thread's niceness: the process's plus `added` (on Linux each thread has its own)."""
     if hasattr(os, "setpriority"):
-        demote(threading.get_native_id(), LOWEST_NICE)
-
-
-def _due_thread():
-    if hasattr(os, "setpriority"):
-        demote(threading.get_native_id(), synthesis_niceness(DUE_NICE))
+        demote(threading.get_native_id(), synthesis_niceness(added))
 
 
 # FFmpeg's encoders release the GIL: the event loop goes on beside both pools. Spare threads, at the lowest
 # niceness, get a core that synthesis wants hardly at all: synthesis goes first (bench/streamed.py's "beside"
 # part). Not SCHED_IDLE: a spare thread holding the GIL there held up the loop longer (docs/decisions.md).
-SPARE_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_spare_thread)
-DUE_THREADS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="encode-due", initializer=_due_thread)
+SPARE_THREADS = ThreadPoolExecutor(
+    max_workers=os.cpu_count() or 1, thread_name_prefix="encode", initializer=_placed, initargs=(LOWEST_NICE,)
+)
+DUE_THREADS = ThreadPoolExecutor(
+    max_workers=os.cpu_count() or 1, thread_name_prefix="encode-due", initializer=_placed, initargs=(SYNTHESIS_NICE,)
+)
 
 
 def encoding_threads(ahead_s):

@@ -73,13 +73,12 @@ from .jobs import (
     stoppable,
 )
 from .abandoning import Abandoning
-from ..threads import place_thread, synthesis_cores, synthesis_niceness
+from ..threads import SYNTHESIS_NICE, place_thread, synthesis_cores, synthesis_niceness
 
 SERVICE_EWMA = 0.2  # weight of the newest job in the running mean of job durations
 INITIAL_SERVICE_S = 0.05  # the mean before any job ran: a short sentence on a slow day
 HANDOFF_WAIT_S = 0.002  # at most this long the event loop waits for an idle thread to start a job it submitted
 HOLD_MARGIN_S = 0.1  # a result is held back for the next job's release point only if its listener has this much audio in hand
-SYNTHESIS_NICE = 5  # added to the process's niceness for the synthesis threads (a third of its CPU weight)
 
 
 class _Worker:
