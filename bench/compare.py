@@ -11,9 +11,10 @@ that rotates, so that the three see the same machine; the rounds are split over 
 server processes. Printed per C: each server's audio seconds per wall second against the engine's
 (the ratio of the medians, and the median of the ratios of the rounds next to each other), its
 first audio rank by rank against the engine's first chunk (the sum of the per-rank medians over
-rounds), and the CPU per audio second of its event loop and of the client (this process), from the
-text sent to the last audio, as bench/throughput.py measures them; then this checkout against the
-other one, paired round by round.
+rounds), and the CPU per audio second of its event loop, of the client (this process) and of its
+synthesis threads (the other threads; the engine's are this process's other than the main one),
+from the text sent to the last audio, as bench/throughput.py measures them; then this checkout
+against the other one, paired round by round.
 """
 
 from __future__ import annotations
@@ -47,13 +48,16 @@ async def one_round(r, concurrency, servers, engine, texts, data):
         for side in order:
             record = data[side, c]
             if side == "engine":
-                results, rate, _ = await engine_round(engine, texts, c)
+                # The engine's threads are this process's other than the main one.
+                results, rate, started = await engine_round(engine, texts, c, functools.partial(CpuMeter, os.getpid()))
             else:
                 # The loop's and the client's CPU from the text sent to the last audio, as bench/throughput.py
                 # measures them: a server change can move both (frames, writes).
                 meter = functools.partial(CpuMeter, servers[side].proc.pid)
                 results, rate, started = await server_round(servers[side].ws_url, c, meter)
-                reading, audio_s = started.read(), sum(audio for _, _, audio in results)
+            reading, audio_s = started.read(), sum(audio for _, _, audio in results)
+            record["threads"].append(reading["threads"] * 1000 / audio_s)
+            if side != "engine":
                 record["loop"].append(reading["loop"] * 1000 / audio_s)
                 record["client"].append(reading["own"] * 1000 / audio_s)
             record["rate"].append(rate)
@@ -65,8 +69,11 @@ async def compare(args):
 
     texts = segments(PARAGRAPH)
     env = {"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}
-    # "loop" and "client" (CPU per audio second) are filled for the two servers only.
-    data = {(side, c): {"rate": [], "ranks": [], "loop": [], "client": []} for side in SIDES for c in args.concurrency}
+    # "loop" and "client" (CPU per audio second) are filled for the two servers only; "threads" (the synthesis
+    # threads' CPU per audio second) for all three.
+    data = {
+        (side, c): {"rate": [], "ranks": [], "loop": [], "client": [], "threads": []} for side in SIDES for c in args.concurrency
+    }
     for block in np.array_split(np.arange(args.rounds), max(1, min(args.processes, args.rounds))):
         engine = HibariEngine(workers=args.workers)
         await engine.warm_up()
@@ -96,12 +103,15 @@ def report(data, concurrency, rounds):
             lines.append(
                 f"C = {c}, {side:5s}: throughput / engine {np.median(rate) / np.median(engine_rate):.3f} "
                 f"(rounds paired {np.median(rate / engine_rate):.3f}), first audio rank by rank {ranks:.3f}x, "
-                f"CPU per audio s: event loop {np.median(d['loop']):.3f} ms, client {np.median(d['client']):.3f} ms"
+                f"CPU per audio s: event loop {np.median(d['loop']):.3f} ms, client {np.median(d['client']):.3f} ms, "
+                f"synthesis threads {np.median(d['threads']):.2f} ms (engine's {np.median(engine['threads']):.2f})"
             )
-        this, other = np.array(data["this", c]["rate"]), np.array(data["other", c]["rate"])
+        this, other = data["this", c], data["other", c]
+        ratio = {key: np.array(this[key]) / np.array(other[key]) for key in ("rate", "loop", "threads")}
         lines.append(
-            f"C = {c}, this / other, rounds paired: throughput {np.median(this / other):.3f} "
-            f"(p25-p75 {np.percentile(this / other, 25):.3f}-{np.percentile(this / other, 75):.3f})"
+            f"C = {c}, this / other, rounds paired: throughput {np.median(ratio['rate']):.3f} "
+            f"(p25-p75 {np.percentile(ratio['rate'], 25):.3f}-{np.percentile(ratio['rate'], 75):.3f}), "
+            f"CPU per audio s: event loop {np.median(ratio['loop']):.3f}, synthesis threads {np.median(ratio['threads']):.3f}"
         )
     return lines
 
