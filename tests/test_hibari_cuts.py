@@ -30,8 +30,6 @@ SENTENCES = [
     "Please close the window before you go to bed.",
     "The museum opens at ten and closes at six.",
     "Maria and Jonathan met in Lisbon last summer.",
-    "We walked along the beach until the sun went down.",
-    "Fresh bread smells wonderful early in the morning.",
 ]
 
 

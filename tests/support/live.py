@@ -18,6 +18,7 @@ of its own temporary folder. On exit it sends SIGTERM and waits (bounded) for th
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import os
@@ -76,6 +77,23 @@ def wait_for(predicate, what, timeout=WAIT_S, interval=0.02):
 
 class ServerFailed(RuntimeError):
     pass
+
+
+_MIGRATED: dict[tuple[str, str], Path] = {}  # (checkout, interpreter) -> a migrated sqlite database
+
+
+def _run_migrate(root, python, env):
+    done = subprocess.run(
+        [python, "manage.py", "migrate", "--noinput"], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise ServerFailed(f"manage.py migrate failed:\n{done.stdout}\n{done.stderr}")
+
+
+@atexit.register
+def _forget_migrated():
+    for template in _MIGRATED.values():
+        shutil.rmtree(template.parent, ignore_errors=True)
 
 
 class DaphneServer:
@@ -138,16 +156,7 @@ class DaphneServer:
         self.stderr_path = self.workdir / "stderr.log"
         env = self.environment()
         if self.migrate:
-            done = subprocess.run(
-                [self.python, "manage.py", "migrate", "--noinput"],
-                cwd=self.root,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if done.returncode != 0:
-                raise ServerFailed(f"manage.py migrate failed:\n{done.stdout}\n{done.stderr}")
+            self._migrate(env)
         last_error = None
         for _ in range(1 if self.fixed_port else self.attempts):
             try:
@@ -158,6 +167,20 @@ class DaphneServer:
                 if "Address already in use" not in str(exc) and "CannotListenError" not in str(exc):
                     break
         raise last_error
+
+    def _migrate(self, env):
+        """`manage.py migrate` into the server's database. Its own sqlite file is a copy of one migrated
+        once per checkout and interpreter in this process (a migrate costs about a second a server)."""
+        own = self.workdir / "db.sqlite3"
+        if env["DATABASE_URL"] != f"sqlite:///{own}":
+            _run_migrate(self.root, self.python, env)
+            return
+        key = (str(self.root), self.python)
+        if key not in _MIGRATED:
+            template = Path(tempfile.mkdtemp(prefix="migrated-")) / "db.sqlite3"
+            _run_migrate(self.root, self.python, {**env, "DATABASE_URL": f"sqlite:///{template}"})
+            _MIGRATED[key] = template
+        shutil.copyfile(_MIGRATED[key], own)
 
     def _spawn(self, env):
         self.port = self.fixed_port or free_port(self.host)
@@ -370,6 +393,9 @@ def cancelled_segments(items, session_id):
 SMALL_RECEIVE_BUFFER = 16384
 
 
+CLOSE_TIMEOUT_S = 2.0
+
+
 async def open_session(url, *, origin=None, headers=None, open_timeout=30.0, small_buffers=False, **kwargs):
     """A websockets client connection with no incoming size limit (server audio can be large).
 
@@ -386,6 +412,9 @@ async def open_session(url, *, origin=None, headers=None, open_timeout=30.0, sma
     # proxy=None: the servers are local, and websockets would otherwise read the proxy settings from the
     # environment on every connection (0.6 ms of the benchmarks' client CPU per session, on the server's cores).
     kwargs.setdefault("proxy", None)
+    # A test closing a session whose server is gone or holds it (backpressure) gets no close frame back:
+    # websockets' default waits 10 s for it. A live server answers a close in milliseconds.
+    kwargs.setdefault("close_timeout", CLOSE_TIMEOUT_S)
     return await connect(url, origin=origin, additional_headers=headers, max_size=None, open_timeout=open_timeout, **kwargs)
 
 

@@ -264,6 +264,7 @@ window.playground = {
   },
   heardWav: () => player.heardWav(),
   get highlights() { return [...words.highlights]; },
+  get shown() { return [...words.shown]; },
 };
 
 $("speak").addEventListener("click", speak);
