@@ -636,6 +636,41 @@ async def test_a_discarded_running_jobs_thread_yields_its_core_to_the_next_job_a
     assert outcomes.count("unheard") == 1
 
 
+async def test_a_retired_threads_place_goes_at_once_to_an_idle_thread_the_event_loop_did_not_start(pools, monkeypatch):
+    """A running job abandoned: before any other job comes, a new thread waits idle in its place, started
+    off the event loop (`Thread.start` waits until the new thread runs), and the next job runs on it
+    while the retired thread is still in its step."""
+    pool = pools(1)
+    left = Ticket()
+    gate = Gate()
+    ran_on = []
+
+    def run():
+        ran_on.append(threading.current_thread())
+        gate()
+
+    pool.submit(run, ticket=left)
+    await wait_started(gate)
+    started_from = {}  # each synthesis thread started from now on: the thread that started it
+    start = threading.Thread.start
+
+    def recording_start(thread):
+        if thread.name.startswith("test-pool_"):
+            started_from[thread] = threading.current_thread()
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
+    try:
+        left.abandon()
+        assert await asyncio.to_thread(_wait_for, lambda: pool._idle), "no idle thread took the retired one's place"
+        replacement = await asyncio.wait_for(pool.run(threading.current_thread), GUARD_S)
+        assert replacement is not ran_on[0] and ran_on[0].is_alive()
+        assert list(started_from) == [replacement]
+        assert started_from[replacement] is not threading.current_thread()
+    finally:
+        gate.release.set()
+
+
 async def test_a_stoppable_call_of_an_abandoned_job_is_stopped_at_once(pools, outcomes):
     """`stoppable`'s stop is called from the abandoning thread while the call runs, and the job ends
     as stopped (ONNX Runtime's terminate flag: speech/engines/stopping.py), its awaiting task not told."""

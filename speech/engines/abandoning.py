@@ -5,10 +5,12 @@ when the connection is lost, before the application hears of it) or the awaiting
 waiting jobs are dropped unrun; a running one gives its place away at once and stops at its next step:
 its model run is told to stop (`stoppable`: ONNX Runtime's terminate flag, checked between the graph's
 nodes) and it stops at its next release point (`JobAbandoned`). Meanwhile its thread runs at the lowest
-CPU priority and leaves the pool when the job ends, and the next waiting job starts on a new thread on
-the same core, once the event loop's turn is over (the hang-ups of that turn are all known by then).
-Before, a newcomer's first sentence waited for the rest of the step of a client that had left
-(bench/hangup.py in bench/RESULTS.md; docs/decisions.md).
+CPU priority and leaves the pool when the job ends, and its place goes at once to a new thread on the
+same core, started by the pool's starter thread, not on the event loop (`Thread.start` waits until the
+new thread runs: a newcomer's first job after hang-ups waited for it). The new thread takes the next
+waiting job or waits idle; a waiting job starts once the event loop's turn is over (the hang-ups of that
+turn are all known by then). Before, a newcomer's first sentence waited for the rest of the step of a
+client that had left (bench/hangup.py in bench/RESULTS.md; docs/decisions.md).
 
 A job submitted for a ticket already abandoned is dropped as it is submitted. In the turn of the event
 loop that reads hang-ups no thread takes a waiting job (`_settling`): one that finishes its job then
@@ -84,10 +86,26 @@ class Abandoning:
                 job.stop()
             self._active.discard(job)
             self._running -= 1
+            if not self._closed:  # its place goes to a new thread
+                self._replacements += 1
+                self._replace.set()
             if job.worker is not None:
                 self._retire(job.worker)
             return True
         return False
+
+    def _start_replacements(self):
+        """The starter thread's life: start a new thread for each retired one, until the pool shuts down.
+        Off the event loop, since `Thread.start` waits until the new thread runs."""
+        while True:
+            self._replace.wait()
+            self._replace.clear()
+            with self._lock:
+                if self._closed:
+                    return
+                count, self._replacements = self._replacements, 0
+            for _ in range(count):
+                self._start_thread([])
 
     def _retire(self, worker):
         """Under the lock: `worker` leaves the pool after its job; its core is free for a new thread."""

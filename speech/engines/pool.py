@@ -110,6 +110,10 @@ class SynthesisPool(Abandoning):
         self._active: set[SynthesisJob] = set()  # running, not abandoned
         self._idle: list[_Worker] = []
         self._running = 0  # jobs holding a place: running, and not abandoned
+        self._places = 0  # threads holding a place: idle, running a job, or being started to replace a retired one
+        self._replacements = 0  # retired threads' places whose new thread the starter has yet to start
+        self._replace = threading.Event()  # wakes the starter (speech/engines/abandoning.py)
+        self._starter = None  # the thread that starts retired threads' replacements, once the first thread runs
         self._closed = False
         self._settling = False  # hang-ups of this turn of the event loop are being read: no job is taken
         self._seq = itertools.count()
@@ -167,54 +171,86 @@ class SynthesisPool(Abandoning):
 
     def _dispatch(self):
         """Start waiting jobs on free places, the most urgent first (`submit`'s and `discard`'s call: a
-        finishing thread takes its next job itself): on an idle thread, or a new one. Returns the jobs it
-        started, each with its `taken` event to wait for."""
+        finishing thread takes its next job itself): on an idle thread, or a new one while the pool has
+        fewer threads than places (its first jobs). A place whose thread is being started (a retired
+        thread's replacement) is left to it: it takes a waiting job itself. Returns the jobs it started,
+        each with its `taken` event to wait for."""
         handed = []
         while True:
             with self._lock:
+                if not self._idle and self._places >= self.workers:
+                    return handed
                 job = self._take()
                 if job is None:
                     return handed
                 worker = self._idle.pop() if self._idle else None
                 if worker is not None:
                     job.worker = worker
+                else:
+                    self._places += 1
             job.taken = threading.Event()
             if worker is not None:
                 worker.job = job
                 worker.wake.set()
             else:
-                # The job goes in a list the thread empties: a Thread keeps its args until it ends, and
-                # the job's result (a sentence's audio) must not live as long as an idle thread.
-                name = f"{self.name}_{next(self._threads)}"
-                thread = threading.Thread(target=self._work, args=([job],), name=name, daemon=True)
-                thread.start()
+                if self._starter is None:
+                    self._starter = threading.Thread(target=self._start_replacements, name=f"{self.name}_starter", daemon=True)
+                    self._starter.start()
+                self._start_thread([job])
             handed.append(job)
 
+    def _start_thread(self, handoff):
+        # The job goes in a list the thread empties: a Thread keeps its args until it ends, and the job's
+        # result (a sentence's audio) must not live as long as an idle thread.
+        name = f"{self.name}_{next(self._threads)}"
+        threading.Thread(target=self._work, args=(handoff,), name=name, daemon=True).start()
+
     def _work(self, handoff):
-        """A synthesis thread's life: placed once, then jobs until it retires or the pool shuts down."""
-        job = handoff.pop()
+        """A synthesis thread's life: placed once, then jobs until it retires or the pool shuts down. One
+        started with no job (a replacement) takes a waiting one, or waits idle."""
+        job = handoff.pop() if handoff else None
         worker = _Worker()
         worker.native_id = threading.get_native_id()
         with self._lock:
-            job.worker = worker
             if self._core_load:  # one thread for each core: this one goes where none lives now
                 worker.core = min(self._core_load, key=self._core_load.get)
                 self._core_load[worker.core] += 1
-            if job.state == ABANDONED:
-                self._retire(worker)
+            if job is not None:
+                job.worker = worker
+                if job.state == ABANDONED:  # its place went to a replacement already (`_let_go`)
+                    self._retire(worker)
         place_thread(worker.native_id, self._niceness, worker.core)
         self._alive.add(threading.current_thread())
         try:
-            while job is not None:
-                self._call(job, worker)
-                job = None  # an idle thread keeps no finished job (nor its result, the audio) alive
+            if job is None:
+                job = self._take_or_idle(worker)
+            while True:
+                if job is not None:
+                    self._call(job, worker)
+                    job = None  # an idle thread keeps no finished job (nor its result, the audio) alive
                 if worker.retired:
                     return
                 worker.wake.wait()
                 worker.wake.clear()
-                job, worker.job = worker.job, None  # None: the pool shut down
+                job, worker.job = worker.job, None
+                if job is None:  # the pool shut down
+                    return
         finally:
             self._alive.discard(threading.current_thread())
+
+    def _take_or_idle(self, worker):
+        """A replacement's first job: the most urgent waiting one; else None, this thread now among the
+        idle ones (or retired: the pool has shut down)."""
+        with self._lock:
+            if self._closed:
+                worker.retired = True
+                return None
+            job = self._take()
+            if job is None:
+                self._idle.append(worker)
+            else:
+                job.worker = worker
+            return job
 
     def _call(self, job, worker):
         """Run `job` on this thread, then, while jobs wait, the most urgent of them; then put this thread
@@ -289,6 +325,7 @@ class SynthesisPool(Abandoning):
             self._closed = True
             waiting, self._waiting = self._waiting, []
             idle, self._idle = self._idle, []
+        self._replace.set()  # the starter ends
         for job in waiting:
             try:
                 job.loop.call_soon_threadsafe(job.future.cancel)
