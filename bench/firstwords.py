@@ -252,7 +252,6 @@ def main():
     if not (args.other / "manage.py").is_file():
         parser.error(f"{args.other} is not a checkout of this repository (no manage.py)")
     q = asyncio.run(quality(args.sentences))
-    print(q, flush=True)
     ttfa, para, count = asyncio.run(speed_rounds(args))
     command = f".venv/bin/python bench/firstwords.py {args.other} --rounds {args.rounds} --sentences {args.sentences}"
     lines = report(ttfa, para, count, q, args)
