@@ -54,7 +54,7 @@ def write_section(heading, section_text):
         )
     pattern = re.compile(r"^" + re.escape(heading) + r"\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
-        text = pattern.sub(lambda _: section_text, text, count=1)
+        text = pattern.sub(lambda _: section_text.rstrip("\n") + "\n\n", text, count=1)  # a blank line before the next
     else:
         text = text.rstrip("\n") + "\n\n" + section_text
     RESULTS.write_text(text.rstrip("\n") + "\n")
