@@ -17,7 +17,7 @@ export class WordView {
     this.current = null;
     this.stopped = false;
     this.highlights = []; // "segment:word" in the order words became current: for the browser tests
-    this.shown = []; // the positions (ms) show() marked, in order: for the browser tests
+    this.shown = []; // the positions (ms) show() marked, in order, each once: for the browser tests
     this.root.replaceChildren();
     this.summary.box.hidden = true;
   }
@@ -60,7 +60,7 @@ export class WordView {
   // `ms` of the utterance played: words that ended by then are heard, the one playing is current.
   show(ms) {
     if (this.stopped) return;
-    if (this.words.length) this.shown.push(ms);
+    if (this.words.length && ms !== this.shown.at(-1)) this.shown.push(ms); // one entry per played position
     while (this.next < this.words.length && this.words[this.next].end <= ms) {
       this.words[this.next].span.classList.add("heard");
       this.next += 1;
