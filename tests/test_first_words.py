@@ -17,7 +17,7 @@ import pytest
 
 from speech.engines.fake import FakeEngine
 from speech.engines.hibari import HibariEngine
-from speech.engines.hibari_pieces import Vocoder
+from speech.engines.hibari_vocoder import Vocoder
 from speech.stream.config import SessionConfig
 from speech.stream.engine import Alignment
 from speech.stream.render import render_segment, start_segment

@@ -29,6 +29,7 @@ from ..stream.engine import Alignment, Capabilities, Engine, EngineError, Synthe
 from ..stream.meter import NO_METER
 from .hibari_align import alignment, model_with_durations, synthesise
 from .hibari_pieces import Pieces, split_model
+from .hibari_vocoder import noise_table
 from .pool import JobAbandoned, SynthesisPool, release_point
 from .stopping import StoppableSession
 
@@ -114,6 +115,7 @@ class HibariEngine(Engine):
         from hibari.voices import DEFAULT
 
         voices = available_voices()
+        noise_table()  # made now, not inside a client's first sentence
         self._models = {name: load_voice(name) for name in voices}
         self._pool = SynthesisPool(workers, "hibari", release_points=True, meter=meter)
         self.capabilities = Capabilities(

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..stream.engine import Alignment, WordTiming
 from .hibari_words import Part, Plan
+from .hibari_vocoder import Vocoder
 from .jobs import release_point
 
 DURATIONS = "/Clip_output_0"
@@ -43,16 +44,14 @@ def model_with_durations(path: str) -> bytes:
 
 
 def synthesise(session, ids, speed, rng):
-    """`Hibari.from_ids` on the session `model_with_durations` built: the waveform, and the steps of
-    every id (empty when there is nothing to say)."""
-    from hibari import dsp
-
+    """`Hibari.from_ids` on the session `model_with_durations` built, voiced by this engine's vocoder
+    (speech/engines/hibari_vocoder.py): the waveform, and the steps of every id (empty when there is
+    nothing to say)."""
     if len(ids) < 3:
         return np.zeros(0, np.float32), np.zeros(0, np.int64)
     out = session.run(None, {"ids": np.asarray([ids], np.int64), "speed": np.asarray([speed], np.float32)})
-    lh, th, ln, lr, phi, f0 = (o[0] for o in out[:6])
     release_point()  # a job abandoned during the model's run stops here, before the vocoder
-    return dsp.synth(lh, th, ln, lr, phi, f0, rng), np.rint(out[6]).astype(np.int64)
+    return Vocoder(rng).push([o[0] for o in out[:6]], final=True), np.rint(out[6]).astype(np.int64)
 
 
 def alignment(plan: Plan, part: Part, steps, kept, sound, offset: int, rate: int) -> Alignment:
