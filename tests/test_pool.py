@@ -671,6 +671,35 @@ async def test_a_retired_threads_place_goes_at_once_to_an_idle_thread_the_event_
         gate.release.set()
 
 
+async def test_a_retired_threads_place_goes_to_a_spare_and_a_new_spare_is_started_later(pools, monkeypatch):
+    """A spare waits with no place: a running job abandoned, the spare takes the place at once and the next
+    job runs on it, no thread started meanwhile (`Thread.start` takes the GIL from an event loop busy with
+    the hang-ups); the starter starts the next spare SPARE_DELAY_S later."""
+    monkeypatch.setattr(abandoning, "SPARE_DELAY_S", 0.0)
+    pool = pools(1)
+    await asyncio.wait_for(pool.run(lambda: None), GUARD_S)  # the pool's first thread, then its spare
+    assert await asyncio.to_thread(_wait_for, lambda: pool._spares), "no spare was started"
+    spare = pool._spares[0]
+    monkeypatch.setattr(abandoning, "SPARE_DELAY_S", 3600.0)  # the next spare: not during this check
+    started = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda thread: started.append(thread) or start(thread))
+    left, gate = Ticket(), Gate()
+    pool.submit(gate, ticket=left)
+    await wait_started(gate)
+    try:
+        left.abandon()
+        assert pool._idle == [spare] and not pool._spares
+        ran_on = await asyncio.wait_for(pool.run(threading.get_native_id), GUARD_S)
+        assert ran_on == spare.native_id and started == []
+        monkeypatch.setattr(abandoning, "SPARE_DELAY_S", 0.0)
+        pool._replace.set()  # the starter reads the delay again
+        assert await asyncio.to_thread(_wait_for, lambda: pool._spares), "no new spare was started"
+        assert [thread.name.startswith("test-pool_") for thread in started] == [True]
+    finally:
+        gate.release.set()
+
+
 async def test_a_stoppable_call_of_an_abandoned_job_is_stopped_at_once(pools, outcomes):
     """`stoppable`'s stop is called from the abandoning thread while the call runs, and the job ends
     as stopped (ONNX Runtime's terminate flag: speech/engines/stopping.py), its awaiting task not told."""

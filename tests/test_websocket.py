@@ -2,7 +2,8 @@
 (speech/server/websocket.py): `write_through` on a real Twisted TCP transport over a real socket pair
 (its reactor never runs, so whatever arrives was sent at once), and the protocol's use of it; the
 application's data messages (`send_data_message`) are the frames autobahn's `sendMessage` makes.
-Also: autobahn's debug log arguments are only formatted for a line that is rendered."""
+A connection lost while open is torn down later, one closed properly at once. Also: autobahn's debug
+log arguments are only formatted for a line that is rendered."""
 
 from __future__ import annotations
 
@@ -17,10 +18,15 @@ from autobahn.exception import Disconnected, PayloadExceededError
 from autobahn.twisted.websocket import WebSocketServerProtocol
 from autobahn.websocket import protocol as autobahn_protocol
 from autobahn.websocket.protocol import TrafficStats
+from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
 from twisted.internet.tcp import Connection
 from twisted.internet.testing import MemoryReactor
+from twisted.python.failure import Failure
 
+from speech.server import websocket
+from speech.server.flowcontrol import FlowControl
 from speech.server.patches.autobahn_debug_log import LogArgument
 from speech.server.tcpwindow import writes_through
 from speech.server.websocket import SpeechWebSocket, frame_header, tcp_transport, write_through
@@ -235,6 +241,47 @@ def test_a_data_message_goes_to_the_socket_in_one_write_and_never_overtakes_twis
     assert received(theirs) == b""
     text = frame_header(1, len("événement".encode())) + "événement".encode()
     assert drain(tcp, theirs) == b"held" + text
+
+
+# -- a connection lost ---------------------------------------------------------------------------------
+
+
+class _Closes(OpenedProtocol):
+    """Records autobahn's onClose (daphne's turns it into the application's disconnect message)."""
+
+    def onClose(self, wasClean, code, reason):
+        self.closes = [*getattr(self, "closes", []), (wasClean, code)]
+
+
+def test_a_connection_lost_while_open_is_torn_down_later_and_written_to_no_more(monkeypatch):
+    """A hang-up: the teardown (autobahn's, daphne's, the application's disconnect) waits TEARDOWN_DELAY_S,
+    after the turns of the sessions still there; meanwhile nothing is written to the connection."""
+    clock = Clock()
+    monkeypatch.setattr(websocket, "reactor", clock)
+    protocol, wire = opened(_Closes)
+    protocol.connectionLost(Failure(ConnectionLost()))
+    assert not hasattr(protocol, "closes") and protocol.gone
+    with pytest.raises(Disconnected):
+        protocol.send_data_message(b"late", True)
+    protocol.sendPing()  # daphne's keep-alive timer may still fire
+    assert wire.value() == b""
+    clock.advance(websocket.TEARDOWN_DELAY_S - 0.01)
+    assert not hasattr(protocol, "closes")
+    clock.advance(0.01)
+    assert protocol.closes == [(False, 1006)] and protocol.state == protocol.STATE_CLOSED
+
+
+def test_a_connection_lost_after_its_close_handshake_is_torn_down_at_once(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(websocket, "reactor", clock)
+    protocol, wire = opened(_Closes)
+    wire.registerProducer(FlowControl(), True)  # as the launcher's Connection does: autobahn unregisters it
+    mask = b"\x01\x02\x03\x04"
+    code = bytes(b ^ mask[i] for i, b in enumerate((1000).to_bytes(2, "big")))
+    protocol.dataReceived(b"\x88\x82" + mask + code)  # the client's close frame, masked
+    assert wire.value().startswith(b"\x88")  # autobahn's reply
+    protocol.connectionLost(Failure(ConnectionDone()))
+    assert protocol.closes == [(True, 1000)] and not clock.getDelayedCalls()
 
 
 # -- autobahn's debug log arguments ------------------------------------------------------------------

@@ -43,6 +43,11 @@ class SynthesisJob:
         self.worker = None  # the _Worker running it, once known
         self.stop = None  # stops the call it is in now, from any thread (`stoppable`)
 
+    def due(self):
+        """Its listener waits for it: a current segment's job whose deadline has come (or that has none)."""
+        deadline = self.ticket.deadline
+        return self.ticket.current and (deadline is None or deadline <= time.monotonic())
+
     def urgency(self):
         deadline = self.ticket.deadline
         return (not self.ticket.current, self.queued if deadline is None else deadline, self.seq)

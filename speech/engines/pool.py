@@ -112,10 +112,14 @@ class SynthesisPool(Abandoning):
         self._running = 0  # jobs holding a place: running, and not abandoned
         self._places = 0  # threads holding a place: idle, running a job, or being started to replace a retired one
         self._replacements = 0  # retired threads' places whose new thread the starter has yet to start
+        self._spares: list[_Worker] = []  # idle threads holding no place, each to take a retired one's at once
+        self._spares_wanted = workers  # spares the starter has yet to start (speech/engines/abandoning.py)
         self._replace = threading.Event()  # wakes the starter (speech/engines/abandoning.py)
         self._starter = None  # the thread that starts retired threads' replacements, once the first thread runs
         self._closed = False
         self._settling = False  # hang-ups of this turn of the event loop are being read: no job is taken
+        self._quiet_until = 0.0  # hang-ups are being read: until then only due jobs are taken (abandoning.py)
+        self._quiet_timer = False  # the quiet's end is scheduled
         self._seq = itertools.count()
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
@@ -196,23 +200,25 @@ class SynthesisPool(Abandoning):
                 if self._starter is None:
                     self._starter = threading.Thread(target=self._start_replacements, name=f"{self.name}_starter", daemon=True)
                     self._starter.start()
+                    self._replace.set()  # its first spares
                 self._start_thread([job])
             handed.append(job)
 
-    def _start_thread(self, handoff):
+    def _start_thread(self, handoff, *, spare=False):
         # The job goes in a list the thread empties: a Thread keeps its args until it ends, and the job's
         # result (a sentence's audio) must not live as long as an idle thread.
         name = f"{self.name}_{next(self._threads)}"
-        threading.Thread(target=self._work, args=(handoff,), name=name, daemon=True).start()
+        threading.Thread(target=self._work, args=(handoff, spare), name=name, daemon=True).start()
 
-    def _work(self, handoff):
+    def _work(self, handoff, spare):
         """A synthesis thread's life: placed once, then jobs until it retires or the pool shuts down. One
-        started with no job (a replacement) takes a waiting one, or waits idle."""
+        started with no job (a replacement) takes a waiting one, or waits idle; a spare waits for a place
+        (`_park`)."""
         job = handoff.pop() if handoff else None
         worker = _Worker()
         worker.native_id = threading.get_native_id()
         with self._lock:
-            if self._core_load:  # one thread for each core: this one goes where none lives now
+            if self._core_load and not spare:  # one thread for each core: this one goes where none lives now
                 worker.core = min(self._core_load, key=self._core_load.get)
                 self._core_load[worker.core] += 1
             if job is not None:
@@ -222,7 +228,10 @@ class SynthesisPool(Abandoning):
         place_thread(worker.native_id, self._niceness, worker.core)
         self._alive.add(threading.current_thread())
         try:
-            if job is None:
+            if spare:
+                if not self._park(worker):
+                    return
+            elif job is None:
                 job = self._take_or_idle(worker)
             while True:
                 if job is not None:
@@ -313,7 +322,10 @@ class SynthesisPool(Abandoning):
             self._drop_abandoned()
             if not self._waiting:
                 return None
-        job = min(self._waiting, key=SynthesisJob.urgency)
+        waiting = self._waiting if time.monotonic() >= self._quiet_until else [job for job in self._waiting if job.due()]
+        if not waiting:
+            return None
+        job = min(waiting, key=SynthesisJob.urgency)
         self._waiting.remove(job)
         job.state = RUNNING
         self._active.add(job)
@@ -324,7 +336,8 @@ class SynthesisPool(Abandoning):
         with self._lock:
             self._closed = True
             waiting, self._waiting = self._waiting, []
-            idle, self._idle = self._idle, []
+            idle, self._idle = self._idle + self._spares, []
+            self._spares = []
         self._replace.set()  # the starter ends
         for job in waiting:
             try:

@@ -4,7 +4,8 @@ what it sends goes straight to the socket when nothing is waiting before it (wri
 application's messages reach it without daphne's and Channels' layers (send_data_message, called by
 speech/server/connection.py). A write that finds the connection gone aborts it
 (speech/server/patches/uvloop_closed_handle.py), and autobahn's debug log lines cost nothing while
-debug logging is off (speech/server/patches/autobahn_debug_log.py)."""
+debug logging is off (speech/server/patches/autobahn_debug_log.py). A connection lost without a close
+handshake is torn down TEARDOWN_DELAY_S later (`connectionLost`)."""
 
 import json
 import socket
@@ -14,6 +15,7 @@ import time
 
 from autobahn.exception import Disconnected
 from daphne.ws_protocol import WebSocketProtocol
+from twisted.internet import reactor
 
 from .. import metrics
 from .budget import frame_cost, get_budget, over_budget_error
@@ -22,6 +24,11 @@ from .patches.uvloop_closed_handle import AbortWhenGone
 from .tcpwindow import writes_through
 
 autobahn_debug_log.apply()
+
+# A connection lost while open (a hang-up, a reset) is torn down this long after the loss; its engine
+# work stopped at the loss itself. The teardown is nobody's wait, and a newcomer's first sentence should
+# not wait behind it (bench/hangup.py; docs/decisions.md, "Hang-ups").
+TEARDOWN_DELAY_S = 0.25
 
 
 class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
@@ -132,11 +139,20 @@ class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
         )
         reservation.shrink(sys.getsizeof(data))
 
-    def onClose(self, wasClean, code, reason):
+    def connectionLost(self, reason):
+        """A connection lost while open, with no close handshake (a hang-up, a reset), has already stopped
+        its session's engine work: the transport stopped its producer first (FlowControl.on_lost). The
+        rest, autobahn's and daphne's bookkeeping and the application's disconnect (1006), runs
+        TEARDOWN_DELAY_S later, after the turns of the sessions still there; meanwhile the connection
+        counts as `gone`, so that nothing is written to it. A large frame's reservation ends at once."""
         if self.reservation is not None:  # the client left in the middle of a large frame
             self.reservation.release()
             self.reservation = None
-        super().onClose(wasClean, code, reason)
+        if self.state == self.STATE_OPEN:  # `gone` may be set already: a write found the connection reset
+            self.gone = True
+            getattr(self.tcp, "reactor", reactor).callLater(TEARDOWN_DELAY_S, super().connectionLost, reason)
+            return
+        super().connectionLost(reason)
 
 
 def tcp_transport(transport):

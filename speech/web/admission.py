@@ -139,7 +139,15 @@ class Admission:
         if lease is not None:
             await lease.release()
 
-    _leaving: set[asyncio.Future] = set()  # sessions of this process still recording their end
+    def release_slot_soon(self):
+        """`release_slot` for a caller that cannot wait (the connection's loss), in a task of its own
+        that `Admission.settle` awaits at shutdown. Nothing to do for a session without a slot."""
+        if self.lease is not None:
+            task = asyncio.ensure_future(self.release_slot())
+            Admission._leaving.add(task)
+            task.add_done_callback(Admission._leaving.discard)
+
+    _leaving: set[asyncio.Future] = set()  # sessions of this process still recording their end and slots given back
 
     @classmethod
     async def settle(cls):

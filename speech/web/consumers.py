@@ -3,9 +3,10 @@
 `receive()` hands the frame to the session, which only parses and enqueues; synthesis runs in
 the session's own tasks. Admission (capacity, key, slot) and the control plane (group, registry,
 signals) are one object it calls, speech/web/admission.py. A lost connection stops the session's
-engine work at once (`_abandon_work`); `disconnect()` then gives everything back, TEARDOWN_DELAY_S
-later when the client left without a close frame. The session's transport is the connection the server put
-in the scope (speech/server/connection.py), or the ASGI `send` under another server.
+engine work and gives its key's slot back at once (`_abandon_work`); `disconnect()` then gives the rest
+back, TEARDOWN_DELAY_S after the loss when the client left without a close frame (this server's protocol
+delays such a disconnect itself: speech/server/websocket.py). The session's transport is the connection
+the server put in the scope (speech/server/connection.py), or the ASGI `send` under another server.
 """
 
 import asyncio
@@ -18,17 +19,14 @@ from ..conf import stream_limits, voice_aliases
 from ..runtime import get_engine
 from ..server import budget
 from ..server.connection import SCOPE_KEY, AsgiConnection
+from ..server.websocket import TEARDOWN_DELAY_S
 from ..stream.session import SpeechSession
 from ..stream.signal import ControlSignal
 from .admission import Admission
 from .database import on_database_thread
 
 SHUTDOWN_MESSAGE = "speech session terminated: the server is shutting down"
-# A client gone without a close frame (1006: a hang-up, a reset) has its session torn down this long
-# after its engine work was abandoned: the teardown is nobody's wait, and a newcomer's first sentence
-# should not wait behind it (bench/hangup.py; docs/decisions.md).
-ABNORMAL_CLOSE = 1006
-TEARDOWN_DELAY_S = 0.25
+ABNORMAL_CLOSE = 1006  # a client gone without a close frame: a hang-up, a reset
 _find_voice = on_database_thread(voices.find_voice)  # an uploaded voice, at session.config
 
 
@@ -101,15 +99,18 @@ class SpeechStreamConsumer(AsyncWebsocketConsumer):
         raise StopConsumer()
 
     def _abandon_work(self):
-        """The client is gone: the engine stops the session's work now, before the session's teardown."""
+        """The client is gone: the engine stops the session's work now, before the session's teardown,
+        and the key's slot is given back (a client reconnecting at once finds it free)."""
         if self.session is not None:
             self.session.abandon()
+            self.admission.release_slot_soon()
 
     async def disconnect(self, code):
         self._abandon_work()
         if self.session is not None:
-            if code == ABNORMAL_CLOSE:
-                await self.admission.release_slot()  # a client reconnecting at once finds its slot free
+            if code == ABNORMAL_CLOSE and self.scope.get(SCOPE_KEY) is None:
+                # Another server's disconnect comes at the loss: the teardown waits here instead (the
+                # engine work has stopped; a newcomer's first sentence should not wait behind the rest).
                 await asyncio.sleep(TEARDOWN_DELAY_S)
             await self.admission.release(self.session)
 
