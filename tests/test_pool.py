@@ -700,6 +700,30 @@ async def test_a_retired_threads_place_goes_to_a_spare_and_a_new_spare_is_starte
         gate.release.set()
 
 
+async def test_after_a_hang_up_only_a_job_its_listener_waits_for_starts_until_the_quiet_ends(pools, monkeypatch):
+    """Clients leaving together are read over several turns: for QUIET_S after a hang-up a free thread
+    takes a job due now, not a look-ahead or a segment whose listener has audio in hand (it may be of the
+    next client to leave); those start when the quiet ends."""
+    monkeypatch.setattr(abandoning, "QUIET_S", 3600.0)  # ended by hand below
+    pool = pools(1)
+    left, gate = Ticket(), Gate()
+    pool.submit(gate, ticket=left)
+    await wait_started(gate)
+    order = Order()
+    ahead = pool.submit(order.job("look-ahead"), ticket=Ticket(current=False))
+    in_hand = pool.submit(order.job("audio in hand"), ticket=Ticket(deadline=time.monotonic() + 3600))
+    try:
+        left.abandon()  # the hang-up: the running job's place goes to another thread
+        assert await asyncio.wait_for(pool.run(order.job("due")), GUARD_S) == "due"
+        assert order.ran == ["due"] and ahead.state == in_hand.state == "waiting"
+        pool._quiet_until = 0.0
+        pool._quiet_over(asyncio.get_running_loop())  # the quiet's end
+        await asyncio.wait_for(asyncio.gather(pool.wait(ahead), pool.wait(in_hand)), GUARD_S)
+        assert order.ran == ["due", "audio in hand", "look-ahead"]
+    finally:
+        gate.release.set()
+
+
 async def test_a_stoppable_call_of_an_abandoned_job_is_stopped_at_once(pools, outcomes):
     """`stoppable`'s stop is called from the abandoning thread while the call runs, and the job ends
     as stopped (ONNX Runtime's terminate flag: speech/engines/stopping.py), its awaiting task not told."""
