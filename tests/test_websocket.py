@@ -20,12 +20,11 @@ from autobahn.websocket import protocol as autobahn_protocol
 from autobahn.websocket.protocol import TrafficStats
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.protocol import Protocol
-from twisted.internet.task import Clock
 from twisted.internet.tcp import Connection
-from twisted.internet.testing import MemoryReactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 
-from speech.server import websocket
+from speech.server.connection import TEARDOWN_DELAY_S
 from speech.server.flowcontrol import FlowControl
 from speech.server.patches.autobahn_debug_log import LogArgument
 from speech.server.tcpwindow import writes_through
@@ -42,7 +41,7 @@ def wire():
         sock.setblocking(False)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    reactor = MemoryReactor()
+    reactor = MemoryReactorClock()
     tcp = Connection(ours, Protocol(), reactor)
     tcp.connected = True
     yield tcp, theirs, reactor
@@ -253,35 +252,36 @@ class _Closes(OpenedProtocol):
         self.closes = [*getattr(self, "closes", []), (wasClean, code)]
 
 
-def test_a_connection_lost_while_open_is_torn_down_later_and_written_to_no_more(monkeypatch):
-    """A hang-up: the teardown (autobahn's, daphne's, the application's disconnect) waits TEARDOWN_DELAY_S,
-    after the turns of the sessions still there; meanwhile nothing is written to the connection."""
-    clock = Clock()
-    monkeypatch.setattr(websocket, "reactor", clock)
-    protocol, wire = opened(_Closes)
-    protocol.connectionLost(Failure(ConnectionLost()))
+def test_a_connection_lost_while_open_is_torn_down_later_and_written_to_no_more(wire):
+    """A hang-up: the teardown (autobahn's, daphne's, the application's disconnect) waits TEARDOWN_DELAY_S on
+    the connection's reactor, after the turns of the sessions still there; meanwhile nothing is written."""
+    tcp, _, reactor = wire
+    protocol, _ = opened(_Closes)
+    protocol.transport = protocol.tcp = tcp
+    tcp.protocol = protocol
+    tcp.connectionLost(Failure(ConnectionLost()))  # the transport's loss, then the protocol's
     assert not hasattr(protocol, "closes") and protocol.gone
     with pytest.raises(Disconnected):
         protocol.send_data_message(b"late", True)
-    protocol.sendPing()  # daphne's keep-alive timer may still fire
-    assert wire.value() == b""
-    clock.advance(websocket.TEARDOWN_DELAY_S - 0.01)
+    protocol.sendPing()  # daphne's keep-alive timer may still fire: nothing reaches the transport
+    assert tcp.dataBuffer == b"" and not tcp._tempDataBuffer
+    reactor.advance(TEARDOWN_DELAY_S - 0.01)
     assert not hasattr(protocol, "closes")
-    clock.advance(0.01)
+    reactor.advance(0.01)
     assert protocol.closes == [(False, 1006)] and protocol.state == protocol.STATE_CLOSED
 
 
-def test_a_connection_lost_after_its_close_handshake_is_torn_down_at_once(monkeypatch):
-    clock = Clock()
-    monkeypatch.setattr(websocket, "reactor", clock)
-    protocol, wire = opened(_Closes)
-    wire.registerProducer(FlowControl(), True)  # as the launcher's Connection does: autobahn unregisters it
+def test_a_connection_lost_after_its_close_handshake_is_torn_down_at_once(wire):
+    tcp, _, reactor = wire
+    protocol, sent = opened(_Closes)
+    sent.registerProducer(FlowControl(), True)  # as the launcher's Connection does: autobahn unregisters it
     mask = b"\x01\x02\x03\x04"
     code = bytes(b ^ mask[i] for i, b in enumerate((1000).to_bytes(2, "big")))
     protocol.dataReceived(b"\x88\x82" + mask + code)  # the client's close frame, masked
-    assert wire.value().startswith(b"\x88")  # autobahn's reply
+    assert sent.value().startswith(b"\x88")  # autobahn's reply
+    protocol.tcp = tcp
     protocol.connectionLost(Failure(ConnectionDone()))
-    assert protocol.closes == [(True, 1000)] and not clock.getDelayedCalls()
+    assert protocol.closes == [(True, 1000)] and not reactor.getDelayedCalls()
 
 
 # -- autobahn's debug log arguments ------------------------------------------------------------------

@@ -26,6 +26,12 @@ SCOPE_KEY = "speech.connection"
 # that reads at real time. So the wait is this much plus the audio the session sent beyond real time.
 CLOSE_HANDSHAKE_TIMEOUT_S = 10.0
 
+# A connection lost without a close frame (a hang-up, a reset) is torn down this long after the loss
+# (speech/server/websocket.py `connectionLost`); its engine work stopped at the loss itself. The teardown
+# is nobody's wait, and a newcomer's first sentence should not wait behind it (bench/hangup.py;
+# docs/decisions.md, "Hang-ups").
+TEARDOWN_DELAY_S = 0.25
+
 # What a WebSocket may have in flight beyond what the client has read. The kernel's send buffer
 # autotunes up to megabytes (tcp_wmem), which for a client reading at real time is more than a
 # minute of audio queued in front of every ping and close frame: daphne's ping timeout and

@@ -15,20 +15,15 @@ import time
 
 from autobahn.exception import Disconnected
 from daphne.ws_protocol import WebSocketProtocol
-from twisted.internet import reactor
 
 from .. import metrics
 from .budget import frame_cost, get_budget, over_budget_error
+from .connection import TEARDOWN_DELAY_S
 from .patches import autobahn_debug_log
 from .patches.uvloop_closed_handle import AbortWhenGone
 from .tcpwindow import writes_through
 
 autobahn_debug_log.apply()
-
-# A connection lost while open (a hang-up, a reset) is torn down this long after the loss; its engine
-# work stopped at the loss itself. The teardown is nobody's wait, and a newcomer's first sentence should
-# not wait behind it (bench/hangup.py; docs/decisions.md, "Hang-ups").
-TEARDOWN_DELAY_S = 0.25
 
 
 class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
@@ -150,9 +145,18 @@ class SpeechWebSocket(AbortWhenGone, WebSocketProtocol):
             self.reservation = None
         if self.state == self.STATE_OPEN:  # `gone` may be set already: a write found the connection reset
             self.gone = True
-            getattr(self.tcp, "reactor", reactor).callLater(TEARDOWN_DELAY_S, super().connectionLost, reason)
+            _reactor(self.tcp).callLater(TEARDOWN_DELAY_S, super().connectionLost, reason)
             return
         super().connectionLost(reason)
+
+
+def _reactor(tcp):
+    """The reactor of a TCP transport; the process's one for a connection that has none."""
+    if tcp is not None:
+        return tcp.reactor
+    from twisted.internet import reactor
+
+    return reactor
 
 
 def tcp_transport(transport):

@@ -18,8 +18,7 @@ from .. import metrics, voices
 from ..conf import stream_limits, voice_aliases
 from ..runtime import get_engine
 from ..server import budget
-from ..server.connection import SCOPE_KEY, AsgiConnection
-from ..server.websocket import TEARDOWN_DELAY_S
+from ..server.connection import SCOPE_KEY, TEARDOWN_DELAY_S, AsgiConnection
 from ..stream.session import SpeechSession
 from ..stream.signal import ControlSignal
 from .admission import Admission
