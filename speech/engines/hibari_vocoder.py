@@ -10,7 +10,8 @@ with its noise read from a table.
 * The noise: `dsp.synth` draws a fresh Gaussian for every bin of every frame, which was 40 % of the
   vocoder's time; here a push reads that many samples of one Gaussian table made once per process,
   from a place its random generator picks (`noise`): the same noise in every respect a listener
-  or a test can tell, the same seed giving the same audio (docs/decisions.md, "The vocoder's noise").
+  or a test can tell, the same seed giving the same audio (docs/decisions.md, "Hibari's vocoder: its
+  noise read from a table").
 """
 
 from __future__ import annotations
