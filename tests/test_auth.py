@@ -323,6 +323,28 @@ async def test_a_disconnect_while_audio_is_being_produced_frees_the_slot(keys_on
     await admitted(await ws(secret=secret))
 
 
+async def test_a_hang_up_gives_the_slot_back_at_once(keys_on, key, ws, slots):
+    """A client gone without a close frame (1006) gives its key's slot back at the loss, before the rest
+    of its teardown (consumers.TEARDOWN_DELAY_S): a client reconnecting at once is admitted."""
+    row, secret = key
+    engine = FakeEngine(hold=True, chunks=5)
+    gone, other = await ws(engine, secret=secret), await ws(secret=secret)
+    await configure(gone, stream_audio=True)
+    await admitted(other)
+    await send(gone, {"type": "input.text", "text": "Hold on. "})
+    await event(gone, "audio.start")
+    await gone.send_input({"type": "websocket.disconnect", "code": 1006})
+    for _ in range(10):
+        if slot_count(slots, row) == 1:
+            break
+        await asyncio.sleep(0)
+    assert slot_count(slots, row) == 1
+    assert not gone.future.done()  # its teardown is still to come
+    await admitted(await ws(secret=secret))
+    await gone.wait(HANG_GUARD_S)
+    assert slot_count(slots, row) == 2, "the teardown must not give the slot back a second time"
+
+
 async def test_a_session_that_ends_by_itself_frees_the_slot(keys_on, key, ws, slots):
     row, secret = key
     done, other = await ws(secret=secret), await ws(secret=secret)
