@@ -1,6 +1,12 @@
-"""Lets `python manage.py test [labels]` run the pytest suite (pytest-django's documented recipe)."""
+"""Lets `python manage.py test [labels]` run the pytest suite (pytest-django's documented recipe).
+
+With no labels, the whole suite in two passes: the in-process tier on every core (pytest-xdist), then
+the live tiers one test at a time, since they time servers that share those cores (docs/decisions.md,
+"`make test-fast` under a minute")."""
 
 import sys
+
+IN_PROCESS = "not live and not heavy and not deploy"  # the tier of `make test-fast` (pytest.ini)
 
 
 class PytestTestRunner:
@@ -14,8 +20,6 @@ class PytestTestRunner:
         parser.add_argument("--keepdb", action="store_true", help="Preserve the test DB between runs.")
 
     def run_tests(self, test_labels, **kwargs):
-        import pytest
-
         argv = []
         if self.verbosity == 0:
             argv.append("--quiet")
@@ -25,7 +29,16 @@ class PytestTestRunner:
             argv.append("--exitfirst")
         if self.keepdb:
             argv.append("--reuse-db")
-        argv.extend(test_labels)
-        code = pytest.main(argv)
+        if test_labels:
+            return self._run([*argv, *test_labels])
+        in_process = self._run([*argv, "-n", "auto", "-m", IN_PROCESS])
+        live = self._run([*argv, "-m", f"not ({IN_PROCESS})"])
+        return in_process or live
+
+    @staticmethod
+    def _run(argv):
+        import pytest
+
+        code = int(pytest.main(argv))
         sys.stdout.flush()
-        return int(code)
+        return code
