@@ -349,7 +349,9 @@ class Pipeline:
         if self._delivery is not None:
             self._delivery.cancel()
         for job in self.jobs:
-            if not job.ticket.abandon() and job.producer is not None:
+            if job.producer is None:  # nothing was asked of the engine for it, and nothing will be
+                continue
+            if not job.ticket.abandon():
                 job.producer.cancel()
 
     async def cancel(self, context: Context | None = None) -> int:
