@@ -84,7 +84,7 @@ test-integrations: $(VENV)/.installed $(INT_VENV)/.installed
 	cd integrations && ../$(INT_PY) -m pytest -q
 
 # The tiers are pytest markers (pytest.ini); tests/conftest.py refuses a module in the wrong tier.
-# The in-process tier runs on every core (pytest-xdist); live tests time servers on those cores, so not they.
+# The in-process tier runs on every core (pytest-xdist); the live tiers do not: their servers need those cores.
 test-fast: $(VENV)/.installed-dev migrate
 	$(PY) -m pytest -q -n auto -m "not live and not heavy and not deploy"
 

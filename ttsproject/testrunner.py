@@ -1,8 +1,8 @@
 """Lets `python manage.py test [labels]` run the pytest suite (pytest-django's documented recipe).
 
 With no labels, the whole suite in two passes: the in-process tier on every core (pytest-xdist), then
-the live tiers one test at a time, since they time servers that share those cores (docs/decisions.md,
-"`make test-fast` under a minute")."""
+the live tiers one test at a time: the servers they start, and the soak, need those cores
+(docs/decisions.md, "`make test-fast` under a minute")."""
 
 import sys
 
