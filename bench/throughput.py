@@ -183,6 +183,7 @@ async def server_round(url, c, meter=lambda: None):
 
 
 async def paragraph_part(args, lines):
+    from speech import metrics
     from speech.engines.hibari import HibariEngine
 
     texts = segments(PARAGRAPH)
@@ -239,7 +240,7 @@ async def paragraph_part(args, lines):
     # process could decide a figure near its target.
     processes = max(1, min(args.processes, args.rounds))
     for block in np.array_split(np.arange(args.rounds), processes):
-        engine = HibariEngine(workers=args.workers)
+        engine = HibariEngine(workers=args.workers, meter=metrics.METER)  # its jobs in this process's registry
         await engine.warm_up()
         with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
             for c in CONCURRENCY:  # warm both sides at every concurrency
