@@ -30,9 +30,10 @@ Parts (each can be run alone with --only):
   player with a 1 s buffer (this process, pinned to the other core). Reported per N: the slowest
   session's audio seconds per wall second after its first audio (>= 0.99 keeps up with real time).
 * stalled: 50 sessions that each send 60 sentences and never read (half silent, half sending a
-  keep-alive every 10 s), on Hibari: server RSS before / after the stall / after they disconnect,
-  and the server's CPU seconds in the stall's second half (synthesis stopped after the
-  look-ahead: close to 0).
+  keep-alive every 10 s), on Hibari: server RSS before / after the stall / after they disconnect
+  (the server trims its heap once its engine is quiet, so the stall's figures are what the sessions
+  hold, not the high-water mark of their first sentences), and the server's CPU seconds in the
+  stall's second half (synthesis stopped after the look-ahead: close to 0).
 
 Writes the section "## Delivery and throughput (bench/throughput.py)" of bench/RESULTS.md.
 """
@@ -411,6 +412,10 @@ async def stalled_part(args, lines):
     with DaphneServer({"SPEECH_ENGINE": "hibari", "SPEECH_ENGINE_WORKERS": str(args.workers)}) as server:
         pid = server.proc.pid
         await server_round(server.ws_url, 1)  # warm
+        # Measured from where a quiet server settles: it gives a burst's memory back QUIET_TRIM_AFTER_S
+        # after the last WebSocket, or after the engine's last job (speech/server/launcher.py), as it
+        # does during the stall once the look-ahead is made.
+        await asyncio.sleep(QUIET_TRIM_AFTER_S + 2)
         before = rss_mib(pid)
         stop = asyncio.Event()
         clients = [asyncio.create_task(stalled_client(server.ws_url, k % 2 == 1, stop)) for k in range(STALLED_SESSIONS)]

@@ -12,8 +12,8 @@ memory after a burst was glibc's malloc, in two ways:
 Fixing the threshold low (`mallopt(M_MMAP_THRESHOLD)`) would keep large blocks out of the heap, but
 it made Hibari's synthesis slower (its inference buffers are then mapped, zero-filled and unmapped on
 every call: docs/decisions.md#memory-the-handshake-budget-and-memory-after-load). So the server only
-trims: after large frames are freed (speech/server/budget.py) and when the server has gone quiet
-(speech/server/launcher.py), at most once a second,
+trims: after large frames are freed (speech/server/budget.py) and when the server, or its engine, has
+gone quiet (speech/server/launcher.py), at most once a second,
 in a thread (a trim walks the heaps under their locks; it never runs on the event loop).
 On a C library without these calls (musl, macOS) all of this is a no-op.
 
@@ -23,7 +23,9 @@ docs/decisions.md#memory-the-handshake-budget-and-memory-after-load). So the tri
 WebSocket has been open for QUIET_TRIM_AFTER_S, and runs only if the process grew by more than
 QUIET_TRIM_GROWTH_BYTES since the last trim: a burst (stalled readers' frames, many sessions at
 once) still goes back a few seconds after it ends, while sessions that follow each other keep
-their working set mapped.
+their working set mapped. Sessions that stay open (voice agents keep their sockets) would keep a
+burst's memory for ever, so the same trim also runs once the engine has had no job for
+QUIET_TRIM_AFTER_S.
 """
 
 from __future__ import annotations

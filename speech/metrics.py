@@ -20,7 +20,7 @@ import weakref
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 
 from . import logcontext
-from .engines.jobs import pools
+from .engines.jobs import pending
 from .server.flowcontrol import FlowControl
 
 logger = logging.getLogger(__name__)
@@ -80,12 +80,7 @@ _live: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
 SESSIONS_ACTIVE.set_function(lambda: len(_live))
 
 
-def _pool_jobs():
-    """Read at scrape time from the synthesis pools of the process (the engine's, if it has one)."""
-    return sum(pool.depth + pool.running for pool in list(pools))
-
-
-ENGINE_QUEUE.set_function(_pool_jobs)
+ENGINE_QUEUE.set_function(pending)  # read at scrape time from the process's pools (the engine's, if it has one)
 HELD = Gauge(
     "speech_sessions_held",
     "WebSocket connections whose client is not reading fast enough right now: their audio waits "

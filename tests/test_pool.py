@@ -249,6 +249,21 @@ async def test_submit_queues_at_once_and_discard_drops_a_job_not_started(pools):
     assert not dropped.ran
 
 
+async def test_the_process_knows_how_many_jobs_were_asked_for_and_how_many_are_pending(pools):
+    """What the server's memory watch reads (speech/server/launcher.py `_watch_engine`): over every pool of
+    the process, jobs ever submitted, and jobs running or waiting for a thread."""
+    from speech.engines import jobs
+
+    pool = pools(1)
+    submitted, pending = jobs.submitted(), jobs.pending()
+    gates, blockers = await busy(pool)
+    waiting = pool.submit(lambda: "done")
+    assert (jobs.submitted(), jobs.pending()) == (submitted + 2, pending + 2)
+    await release(gates, blockers)
+    assert await asyncio.wait_for(pool.wait(waiting), GUARD_S) == "done"
+    assert (jobs.submitted(), jobs.pending()) == (submitted + 2, pending)
+
+
 @pytest.fixture
 def no_forced_switch():
     """The GIL changes hands only when its holder blocks: no switch interval runs out in a test."""

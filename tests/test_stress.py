@@ -263,9 +263,61 @@ def test_the_quiet_trim_waits_until_no_websocket_opened_in_between(monkeypatch):
     assert trims == [True]
 
 
-def run_until_serving(monkeypatch, probe):
+def test_the_engine_watch_trims_once_the_engine_has_had_nothing_to_do(monkeypatch):
+    """Sessions that stay open (readers that stopped reading) do not keep a burst's memory: once the engine
+    has had no job for QUIET_TRIM_AFTER_S, the watch asks for the trim, once for each such quiet."""
+    from types import SimpleNamespace
+
+    from speech import memory
+    from speech.server import launcher as module
+
+    clock, work, trims = [0.0], {"submitted": 5, "pending": 0}, []
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(module.jobs, "submitted", lambda: work["submitted"])
+    monkeypatch.setattr(module.jobs, "pending", lambda: work["pending"])
+    monkeypatch.setattr(memory, "release_after_growth", lambda: trims.append(clock[0]))
+    server = module.SpeechServer.__new__(module.SpeechServer)
+    server._engine_seen = None
+
+    def watch_at(*times):
+        for at in times:
+            clock[0] = at
+            server._watch_engine()
+
+    quiet = memory.QUIET_TRIM_AFTER_S
+    watch_at(0.0, quiet - 1)
+    work["submitted"] = 6  # a job came and went between two looks
+    watch_at(quiet, 2 * quiet - 1)
+    assert trims == []
+    watch_at(2 * quiet, 2 * quiet + 1, 2 * quiet + 2)
+    assert trims == [2 * quiet]  # once for this quiet
+    work["pending"] = 1  # a job runs
+    watch_at(2 * quiet + 3)
+    work["pending"] = 0
+    watch_at(3 * quiet + 2)
+    assert trims == [2 * quiet]
+    watch_at(3 * quiet + 3)
+    assert trims == [2 * quiet, 3 * quiet + 3]
+
+
+def test_the_server_starts_its_engine_watch_when_the_reactor_runs(monkeypatch):
+    from twisted.internet.task import LoopingCall
+
+    from speech.server import launcher as module
+
+    scheduled = []
+    run_until_serving(monkeypatch, lambda: None, scheduled)
+    watches = [(fn.__self__, args) for fn, *args in scheduled if isinstance(getattr(fn, "__self__", None), LoopingCall)]
+    assert len(watches) == 1
+    ((call, args),) = watches
+    assert call.f.__func__ is module.SpeechServer._watch_engine
+    assert args == [module.ENGINE_WATCH_S, False]  # every ENGINE_WATCH_S, the first look after one
+
+
+def run_until_serving(monkeypatch, probe, scheduled=None):
     """SpeechServer.run() up to where daphne would start serving: `probe()` then, and what it returned.
-    What run() set up in this process (the garbage collector's policy, the switch interval) is undone."""
+    What run() set up in this process (the garbage collector's policy, the switch interval) is undone.
+    `scheduled` gets what run() left for the reactor to call once it runs (callWhenRunning's arguments)."""
     import gc
     import sys
 
@@ -277,7 +329,8 @@ def run_until_serving(monkeypatch, probe):
 
     installed = Collector()
     monkeypatch.setattr(module, "collector", installed)
-    monkeypatch.setattr(module.reactor, "callWhenRunning", lambda *args: None)  # the lifecycle's start
+    scheduled = [] if scheduled is None else scheduled  # the lifecycle's start and the engine watch: not run
+    monkeypatch.setattr(module.reactor, "callWhenRunning", lambda *args: scheduled.append(args))
     served = []
     monkeypatch.setattr(Server, "run", lambda self: served.append(probe()))
     default = sys.getswitchinterval()

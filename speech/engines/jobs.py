@@ -24,6 +24,16 @@ pools: weakref.WeakSet[SynthesisPool] = weakref.WeakSet()  # every pool of the p
 held = threading.local()  # a synthesis thread's job (`job`) and finished job whose result waits (`notice`)
 
 
+def pending():
+    """Jobs running or waiting for a thread, over every pool of the process."""
+    return sum(pool.depth + pool.running for pool in list(pools))
+
+
+def submitted():
+    """Jobs ever submitted to the pools of the process: it moves whenever one is asked for."""
+    return sum(pool.submitted for pool in list(pools))
+
+
 class JobAbandoned(Exception):
     """Raised at a release point of a job whose listener has gone: the job stops there."""
 

@@ -12,7 +12,8 @@ clients answer the close (or SHUTDOWN_CLOSE_WAIT_S), for the project's own stop 
 daphne's timeout and keepalive check runs in passes (speech/server/patches/daphne_timeout_passes.py).
 Its WebSocket connections meter large frames against the process's budget from their header on
 (speech/server/websocket.py, speech/server/budget.py), and once no WebSocket has been open for a few
-seconds, freed memory is returned if a burst left some (speech.memory).
+seconds, or the engine has had nothing to do for as long, freed memory is returned if a burst left
+some (speech.memory).
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import sys
+import time
 from typing import Protocol
 
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import reactor
+from twisted.internet.task import LoopingCall
 
 from .. import memory
+from ..engines import jobs
 from .collector import collector
 from .patches.daphne_backpressure import ConnectionInScope
 from .patches.daphne_shutdown import CancelStartedApplications
@@ -48,6 +53,9 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 # that audio. Well inside the 10 s a process manager (docker stop) allows before SIGKILL.
 SHUTDOWN_CLOSE_WAIT_S = 5.0
 
+# How often the memory watch looks at the engine (`SpeechServer._watch_engine`).
+ENGINE_WATCH_S = 1.0
+
 
 class Lifecycle(Protocol):
     def start(self) -> None:
@@ -63,6 +71,7 @@ class SpeechServer(CancelStartedApplications, ConnectionInScope, TimeoutPasses, 
         self.lifecycle = lifecycle
         self._marks: dict = {}  # protocol -> its garbage-collector mark (speech/server/collector.py)
         self._sockets: set = set()  # the WebSocket connections open in this process
+        self._engine_seen: tuple[int, float] | None = None  # (jobs submitted, when) the engine was last seen at work
 
     def run(self):
         # The application is imported and its engine warmed up by now: about 110,000 objects that live
@@ -74,6 +83,7 @@ class SpeechServer(CancelStartedApplications, ConnectionInScope, TimeoutPasses, 
         collector.install()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         reactor.callWhenRunning(self.lifecycle.start)
+        reactor.callWhenRunning(LoopingCall(self._watch_engine).start, ENGINE_WATCH_S, False)  # (interval, now)
         super().run()
 
     @property
@@ -109,6 +119,18 @@ class SpeechServer(CancelStartedApplications, ConnectionInScope, TimeoutPasses, 
     def _quiet(self, opened):
         """No WebSocket was opened or open since the last one ended: give a burst's memory back."""
         if not self._sockets and self.opened == opened:
+            memory.release_after_growth()
+
+    def _watch_engine(self):
+        """Sessions may stay open while the engine has nothing to do (readers that stopped reading, a
+        pause in a conversation): once it has had no job for QUIET_TRIM_AFTER_S, a burst's memory goes
+        back as after the last WebSocket (speech.memory: only if the process grew since the last trim),
+        once for each such quiet. Stalled readers' heap after their first sentences: bench/RESULTS.md."""
+        now, submitted = time.monotonic(), jobs.submitted()
+        if jobs.pending() or self._engine_seen is None or self._engine_seen[0] != submitted:
+            self._engine_seen = (submitted, now)
+        elif now - self._engine_seen[1] >= memory.QUIET_TRIM_AFTER_S:
+            self._engine_seen = (submitted, math.inf)
             memory.release_after_growth()
 
     def create_application(self, protocol, scope):
