@@ -17,6 +17,7 @@ import pytest
 
 from speech.engines.fake import FakeEngine
 from speech.engines.hibari import HibariEngine
+from speech.engines.hibari_pieces import CONTEXT_STEPS, FIRST_STEPS, Pieces
 from speech.engines.hibari_vocoder import Vocoder
 from speech.stream.config import SessionConfig
 from speech.stream.engine import Alignment
@@ -74,6 +75,39 @@ def test_a_first_sentence_in_pieces_joins_without_gap_or_step(hibari):
     excess = flux(joined) - flux(whole[0])
     at = join // HOP
     assert np.max(excess[at - 2 : at + 2]) <= max(0.25, np.percentile(np.abs(excess), 95))
+
+
+def test_between_its_pieces_a_part_keeps_only_what_its_rest_needs(hibari):
+    """From the first piece to the rest a part waits behind other sessions' first pieces (many at once
+    under a burst): it keeps its features and the frames to blend, not the first window's outputs."""
+    tts = hibari._models[hibari.capabilities.default_voice]
+    pieces = Pieces(tts.front, tts.back, tts.ids(tts.phonemize(SENTENCE)[0]), 1.0, np.random.default_rng(0))
+    assert pieces.split
+    pieces.first()
+    features = sum(f.nbytes for f in pieces._features)
+    window = sum(o.nbytes for o in pieces._window(0, FIRST_STEPS + CONTEXT_STEPS))
+    # The frames to blend are a tenth of the window's (BLEND_FRAMES of its steps' frames); the vocoder's state a few hops.
+    assert held_bytes(pieces) - features <= window // 8
+
+
+def held_bytes(obj):
+    """Bytes of the numpy buffers an object's attributes keep alive, its members' too: a view keeps
+    its base's whole buffer."""
+    buffers, seen, todo = {}, set(), [obj]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, np.ndarray):
+            while isinstance(item.base, np.ndarray):
+                item = item.base
+            buffers[id(item)] = item.nbytes
+        elif isinstance(item, list | tuple):
+            todo += item
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            todo += [value for name, value in vars(item).items() if name not in ("_back", "_dsp", "_rng")]
+    return sum(buffers.values())
 
 
 def flux(samples, hop=HOP):

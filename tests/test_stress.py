@@ -547,13 +547,40 @@ def test_hibari_runs_its_models_without_arena_or_memory_pattern():
 
     engine = HibariEngine(workers=1)
     try:
-        sessions = [session for tts in engine._models.values() for session in (tts.sess, tts.g2p._oov.sess)]
+        sessions = [s for tts in engine._models.values() for s in (tts.sess, tts.front, tts.back, tts.g2p._oov.sess)]
         assert sessions
         for session in sessions:
             options = session.get_session_options()
             assert not options.enable_cpu_mem_arena and not options.enable_mem_pattern
     finally:
         asyncio.run(engine.aclose())
+
+
+def test_hibari_sessions_keep_none_of_the_serialised_models_they_are_built_from():
+    """A voice's acoustic model with its durations and its two halves are serialised to build their
+    sessions (speech/engines/hibari.py `load_voice`): 7.75 MiB each time, for nothing once the sessions
+    exist. onnxruntime's Python session keeps bytes it is given for its whole life."""
+    import gc
+    import tracemalloc
+
+    import onnx.utils  # noqa: F401  (imported before tracing: the modules are not what is measured)
+    import onnxruntime  # noqa: F401
+    from hibari.voices import voice_path
+
+    from speech.engines.hibari import _session
+    from speech.engines.hibari_align import model_with_durations
+    from speech.engines.hibari_pieces import split_model
+
+    path = voice_path("heart", download_missing=False)
+    tracemalloc.start()
+    try:
+        sessions = [_session(model_with_durations(path)), *(_session(model) for model in split_model(path))]
+        gc.collect()
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert all(session.get_outputs() for session in sessions)
+    assert kept < 1 << 20
 
 
 def test_hibari_reads_no_entropy_on_the_event_loop(monkeypatch):

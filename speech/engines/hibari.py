@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import tempfile
 from dataclasses import replace
 
 import numpy as np
@@ -60,14 +61,23 @@ def available_voices():
     return tuple(present)
 
 
-def _session(path):
-    """An onnxruntime session as Hibari builds one (one thread), with the CPU memory arena off.
+def _session(model):
+    """An onnxruntime session as Hibari builds one (one thread), with the CPU memory arena off. `model`:
+    a path, or a serialised model, written to a temporary file first: onnxruntime's Python session keeps
+    the bytes it is built from for its whole life (7.75 MiB a model here), and nothing of a file
+    (docs/decisions.md, "onnxruntime's sessions built from files").
 
     The arena keeps the largest buffers any call needed for the life of the process; without it freed
     buffers go back to malloc and speech.memory's trims return them to the OS. The memory pattern is off
     too: with it each call takes its intermediate tensors as one block of megabytes in the calling
     thread's heap, and where such blocks landed decided by chance how large that heap settled. Both
     measured no slower without (docs/decisions.md#memory-the-handshake-budget-and-memory-after-load)."""
+    if isinstance(model, bytes):
+        with tempfile.TemporaryDirectory(prefix="speech-model-") as folder:
+            path = os.path.join(folder, "model.onnx")
+            with open(path, "wb") as file:
+                file.write(model)
+            return _session(path)
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -75,7 +85,7 @@ def _session(path):
     options.log_severity_level = 3
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
-    return StoppableSession(ort.InferenceSession(path, options, providers=["CPUExecutionProvider"]))
+    return StoppableSession(ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]))
 
 
 def load_voice(name):

@@ -72,7 +72,7 @@ class Pieces:
     def first(self) -> np.ndarray:
         out = self._window(0, FIRST_STEPS + CONTEXT_STEPS)
         cut = FIRST_STEPS * STEP_FRAMES - BLEND_FRAMES
-        self._held = [o[..., cut : cut + BLEND_FRAMES] for o in out]
+        self._held = [o[..., cut : cut + BLEND_FRAMES].copy() for o in out]  # not views of the whole window
         # Two frames of f0 past the cut: the pulses under the last frame's window (Vocoder.push).
         return self._vocoder.push([o[..., :cut] for o in out[:5]] + [out[5][: cut + 2]], final=False)
 

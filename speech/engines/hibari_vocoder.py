@@ -80,7 +80,7 @@ class Vocoder:
         release_point()
         # The analysis windows of the frames pushed: frame k spans pulse samples (k - 2) * HOP ... (k + 2) * HOP.
         windows = np.lib.stride_tricks.sliding_window_view(self._pulses, d.N_FFT)[:: d.HOP][:count] * d.WIN_SRC
-        self._pulses = self._pulses[count * d.HOP :]
+        self._pulses = self._pulses[count * d.HOP :].copy()  # a view would keep all the pulses made alive
         spec = np.ascontiguousarray(d.rfft(windows, 1).T)
         release_point()
         rot = np.empty(lh.shape, np.complex64)
@@ -170,7 +170,7 @@ class Vocoder:
         # dsp.ola's factors, cached by length: a block made before the last push has all its frames
         # (those before frame 0 aside), as in the signal of the frames pushed so far.
         out = y[:done] * d._ola_norm(self._frames)[first_block : first_block + done]
-        self._open = y[count:] if not final else self._open
+        self._open = y[count:].copy() if not final else self._open  # not a view of all of y
         # Block b holds samples (b - 2) * HOP ... (b - 1) * HOP of the signal: the first two blocks are the padding.
         skip = max(0, 2 - first_block)
         return out[skip : len(out) - 1 if final else len(out)].reshape(-1)
