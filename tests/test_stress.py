@@ -558,7 +558,7 @@ def test_hibari_runs_its_models_without_arena_or_memory_pattern():
 
 def test_hibari_sessions_keep_none_of_the_serialised_models_they_are_built_from():
     """A voice's acoustic model with its durations and its two halves are serialised to build their
-    sessions (speech/engines/hibari.py `load_voice`): 7.75 MiB each time, for nothing once the sessions
+    sessions (speech/engines/hibari.py `load_voice`): 15.1 MiB together, for nothing once the sessions
     exist. onnxruntime's Python session keeps bytes it is given for its whole life."""
     import gc
     import tracemalloc

@@ -64,8 +64,8 @@ def available_voices():
 def _session(model):
     """An onnxruntime session as Hibari builds one (one thread), with the CPU memory arena off. `model`:
     a path, or a serialised model, written to a temporary file first: onnxruntime's Python session keeps
-    the bytes it is built from for its whole life (7.75 MiB a model here), and nothing of a file
-    (docs/decisions.md, "onnxruntime's sessions built from files").
+    the bytes it is built from for its whole life (15.1 MiB a voice here, the model with its durations
+    and its two halves), and nothing of a file (docs/decisions.md, "onnxruntime's sessions built from files").
 
     The arena keeps the largest buffers any call needed for the life of the process; without it freed
     buffers go back to malloc and speech.memory's trims return them to the OS. The memory pattern is off
