@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
 from cpushare import CpuMeter  # noqa: E402
+from harness import parse_with_other  # noqa: E402
 from throughput import PARAGRAPH, engine_round, rank_ratio, segments, server_round  # noqa: E402
 
 from tests.support.live import DaphneServer  # noqa: E402
@@ -118,14 +119,11 @@ def report(data, concurrency, rounds):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("other", type=Path, help="another checkout of this repository")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--processes", type=int, default=2, help="pairs of server processes the rounds are split over")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 8])
-    args = parser.parse_args()
-    if not (args.other / "manage.py").is_file():
-        parser.error(f"{args.other} is not a checkout of this repository (no manage.py)")
+    args = parse_with_other(parser)
     data = asyncio.run(compare(args))
     print("\n".join(report(data, args.concurrency, args.rounds)))
 

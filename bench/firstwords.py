@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "ttsproject.settings")
 
+from harness import parse_with_other  # noqa: E402
 from report import header, write_section  # noqa: E402
 from throughput import PARAGRAPH, engine_round, segments, server_round  # noqa: E402
 from timestamps_corpus import sentences as corpus  # noqa: E402
@@ -243,14 +244,11 @@ def report(ttfa, para, sentence_count, q, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("other", type=Path, help="a checkout of the code before")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--sentences", type=int, default=120, help="sentences of the quality part")
     parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
-    if not (args.other / "manage.py").is_file():
-        parser.error(f"{args.other} is not a checkout of this repository (no manage.py)")
+    args = parse_with_other(parser)
     q = asyncio.run(quality(args.sentences))
     ttfa, para, count = asyncio.run(speed_rounds(args))
     command = f".venv/bin/python bench/firstwords.py {args.other} --rounds {args.rounds} --sentences {args.sentences}"

@@ -1,5 +1,6 @@
 """What the socket benchmarks share (bench/ttfa.py, bench/hangup.py, bench/streamed.py): their daphne,
-and the time from the text frame that completes a segment to its first audio frame.
+and the time from the text frame that completes a segment to its first audio frame; and the other
+checkout that bench/compare.py, bench/firstwords.py and bench/rest_first_audio.py run beside this one.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 from tests.support.live import DaphneServer, recv_item
 
@@ -28,6 +30,16 @@ def hibari_server(env=None, port=None):
         print(server.stderr_text()[-4000:], file=sys.stderr)
         raise SystemExit("the server logged a traceback during the benchmark")
     server.cleanup()
+
+
+def parse_with_other(parser, argv=None):
+    """`parser`'s arguments and a first one, `other`: a checkout of this repository (the code before a
+    change), whose server the benchmark runs beside this checkout's."""
+    parser.add_argument("other", type=Path, help="a checkout of this repository: the code before a change")
+    args = parser.parse_args(argv)
+    if not (args.other / "manage.py").is_file():
+        parser.error(f"{args.other} is not a checkout of this repository (no manage.py)")
+    return args
 
 
 def split_final_mark(sentence):

@@ -2,9 +2,10 @@
 
 With the real Hibari engine: the vocoder run frame by frame makes the samples one call makes; a
 first sentence rendered in pieces is as long as rendered whole, with the same word times and
-loudness, and no step where its pieces join; the first piece reaches the client while the rest is
-held back in the engine. With the FakeEngine: the session asks for first words only while its
-listener has no audio in hand.
+loudness, and no step where its pieces join; the first piece reaches the client, over a session or
+a streamed REST response, while the rest is held back in the engine. With the FakeEngine: a session
+asks for first words only while its listener has no audio in hand, a streamed REST response for its
+first segment.
 """
 
 from __future__ import annotations
@@ -161,6 +162,54 @@ async def test_the_first_piece_reaches_the_client_while_the_rest_is_held(speech)
     finally:
         engine.release.set()
         await engine.aclose()
+
+
+async def test_a_streamed_rest_response_sends_its_first_piece_while_the_rest_is_held(monkeypatch):
+    """`POST /v1/audio/speech` with `stream`: the response's first bytes are the first piece's, sent
+    while the engine still holds the rest of the sentence."""
+    from django.test import AsyncClient
+
+    import speech.runtime
+
+    engine = HeldHibari()
+    monkeypatch.setattr(speech.runtime, "_engine", engine)
+    try:
+        await engine.warm_up()
+        body = {"input": SENTENCE, "response_format": "pcm", "stream": True}
+        response = await AsyncClient().post("/v1/audio/speech", body, content_type="application/json")
+        assert response.status_code == 200 and response.streaming
+        chunks = aiter(response.streaming_content)
+        received = 0
+        while received < engine.first_samples * 2:  # 16-bit pcm
+            received += len(await asyncio.wait_for(anext(chunks), 10))
+        assert received == engine.first_samples * 2
+        following = asyncio.ensure_future(anext(chunks))
+        assert await asyncio.to_thread(engine.entered.wait, 10), "the sentence was rendered whole"
+        assert not following.done()  # all of the first piece is out, the rest still held
+        engine.release.set()
+        rest = len(await asyncio.wait_for(following, 10)) + sum([len(chunk) async for chunk in chunks])
+        whole = await AsyncClient().post("/v1/audio/speech", {**body, "stream": False}, content_type="application/json")
+        assert rest > 0 and abs(received + rest - len(whole.content)) <= 4  # as long as the sentence whole
+    finally:
+        engine.release.set()
+        await engine.aclose()
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [({"stream": True}, [True, False]), ({"stream_format": "audio"}, [True, False]), ({}, [False, False])],
+    ids=["stream", "stream_format", "file"],
+)
+async def test_a_streamed_rest_response_asks_for_its_first_segment_in_pieces(process_engine, fields, expected):
+    """Its client waits with no audio in hand for the first segment only; a file gains nothing."""
+    from django.test import AsyncClient
+
+    body = {"input": "One. Two.", "response_format": "pcm", **fields}
+    response = await AsyncClient().post("/v1/audio/speech", body, content_type="application/json")
+    assert response.status_code == 200
+    if response.streaming:
+        assert sum([len(chunk) async for chunk in response.streaming_content]) > 0
+    assert [request.first_words for request in process_engine.requests] == expected
 
 
 @pytest.mark.parametrize("stream_audio", [True, False])

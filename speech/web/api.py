@@ -284,7 +284,7 @@ async def speech(request):
         response = refusal(503, QUEUE_FULL_MESSAGE, metrics.ENGINE_BUSY)
         response["Retry-After"] = str(math.ceil(wait))
         return response
-    audio = oneshot.synthesize(engine, config, text, metrics.METER)
+    audio = oneshot.synthesize(engine, config, text, metrics.METER, first_words=stream)
     if stream:
         try:  # the first audio before the headers: a failure is still a proper error response
             first = await anext(audio)
