@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -262,6 +263,25 @@ async def test_the_process_knows_how_many_jobs_were_asked_for_and_how_many_are_p
     await release(gates, blockers)
     assert await asyncio.wait_for(pool.wait(waiting), GUARD_S) == "done"
     assert (jobs.submitted(), jobs.pending()) == (submitted + 2, pending)
+
+
+async def test_a_pool_collected_keeps_its_jobs_counted(meter):
+    """The count only ever moves up: a pool of an earlier test collected between two readings takes none
+    of its jobs with it (the memory watch would read that as the engine at work)."""
+    from speech.engines import jobs
+
+    pool = SynthesisPool(1, "test-pool", meter=meter)
+    assert await asyncio.wait_for(pool.run(lambda: "done"), GUARD_S) == "done"
+    submitted = jobs.submitted()
+    threads = list(pool._alive)
+    pool.shutdown()
+    for thread in threads:
+        thread.join(GUARD_S)
+    collected = weakref.ref(pool)
+    del pool
+    gc.collect()
+    assert collected() is None
+    assert jobs.submitted() == submitted
 
 
 @pytest.fixture

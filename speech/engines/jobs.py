@@ -22,6 +22,8 @@ WAITING, RUNNING, ABANDONED, DONE = "waiting", "running", "abandoned", "done"
 
 pools: weakref.WeakSet[SynthesisPool] = weakref.WeakSet()  # every pool of the process, stopped at exit
 held = threading.local()  # a synthesis thread's job (`job`) and finished job whose result waits (`notice`)
+_submitted = 0  # jobs ever queued by the pools of the process, kept here so that a collected pool's stay counted
+_submitted_lock = threading.Lock()  # pools on different event loops' threads count here
 
 
 def pending():
@@ -29,9 +31,17 @@ def pending():
     return sum(pool.depth + pool.running for pool in list(pools))
 
 
+def count_submitted():
+    """A pool queued a job."""
+    global _submitted
+    with _submitted_lock:
+        _submitted += 1
+
+
 def submitted():
-    """Jobs ever submitted to the pools of the process: it moves whenever one is asked for."""
-    return sum(pool.submitted for pool in list(pools))
+    """Jobs ever submitted to the pools of the process, gone ones' included: it moves whenever one is asked
+    for, and only then."""
+    return _submitted
 
 
 class JobAbandoned(Exception):

@@ -63,6 +63,7 @@ from .jobs import (
     DONE,
     RUNNING,
     SynthesisJob,
+    count_submitted,
     JobAbandoned,
     gone,
     post,
@@ -121,7 +122,6 @@ class SynthesisPool(Abandoning):
         self._quiet_until = 0.0  # hang-ups are being read: until then only due jobs are taken (abandoning.py)
         self._quiet_timer = False  # the quiet's end is scheduled
         self._seq = itertools.count()
-        self.submitted = 0  # jobs ever submitted (speech/engines/jobs.py `submitted`)
         self._threads = itertools.count()
         self._service_s = INITIAL_SERVICE_S
         self._alive: set[threading.Thread] = set()  # this pool's threads that have not ended
@@ -162,7 +162,7 @@ class SynthesisPool(Abandoning):
                 job.future.set_exception(RuntimeError("synthesis pool is shut down"))
                 return job
             self._waiting.append(job)
-            self.submitted += 1
+        count_submitted()
         for handed in self._dispatch():
             handed.taken.wait(HANDOFF_WAIT_S)
         return job
