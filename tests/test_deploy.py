@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import math
 import shutil
 import signal
 import subprocess
@@ -44,7 +45,26 @@ from .support.upstream_standin import StandIn
 pytestmark = [pytest.mark.live, pytest.mark.deploy, needs_postgres]
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
-LONG_TEXT = " ".join(f"Sentence {i} of a long answer, spoken while the test does its part." for i in range(40)) + " "
+SPEAKING_CONFIG = {**CONFIG, "sample_rate": 48000}  # 96,000 bytes a second of audio
+SENTENCE_MIN_S = 3.0  # each of LONG_TEXT's sentences is longer than this (3.9-4.9 s)
+
+
+def kernel_buffer_max(name):
+    """The most a TCP socket's receive (tcp_rmem) or send (tcp_wmem) buffer autotunes to here."""
+    return int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
+
+
+# More audio than the path from an instance to a client that stopped reading can hold: nginx's socket
+# from the instance may grow to tcp_rmem's maximum and its socket to the client to tcp_wmem's. With
+# less, an instance that autotuned its way there sent everything and was never held (`speaking`).
+PATH_BUFFER_BYTES = kernel_buffer_max("tcp_rmem") + kernel_buffer_max("tcp_wmem")
+LONG_TEXT = (
+    " ".join(
+        f"Sentence {i} of a long answer, spoken while the test does its part."
+        for i in range(math.ceil(PATH_BUFFER_BYTES / (96_000 * SENTENCE_MIN_S)) + 10)
+    )
+    + " "
+)
 INSTANCES = ("a", "b")
 
 
@@ -146,7 +166,7 @@ async def speaking(stack):
     then stopped reading until the instance holding it waits mid-segment (backpressure), so it is
     still speaking whatever the test does next. (ws, session id, items so far)."""
     ws = await open_session(stack.nginx.ws_url, small_buffers=True)
-    sid = (await configure(ws, CONFIG))["session_id"]
+    sid = (await configure(ws, SPEAKING_CONFIG))["session_id"]
     await send_json(ws, {"type": "input.text", "text": LONG_TEXT})
     so_far = await collect(ws, until=lambda item: item.kind == "audio")
     assert so_far.close_code is None, so_far.types()
