@@ -45,7 +45,8 @@ from .support.upstream_standin import StandIn
 pytestmark = [pytest.mark.live, pytest.mark.deploy, needs_postgres]
 
 CONFIG = {"response_format": "pcm", "stream_audio": True}
-SPEAKING_CONFIG = {**CONFIG, "sample_rate": 48000}  # 96,000 bytes a second of audio
+SPEAKING_RATE = 48000  # 16-bit samples: twice as many bytes a second of audio
+SPEAKING_CONFIG = {**CONFIG, "sample_rate": SPEAKING_RATE}
 SENTENCE_MIN_S = 3.0  # each of LONG_TEXT's sentences is longer than this (3.9-4.9 s)
 
 
@@ -61,7 +62,7 @@ PATH_BUFFER_BYTES = kernel_buffer_max("tcp_rmem") + kernel_buffer_max("tcp_wmem"
 LONG_TEXT = (
     " ".join(
         f"Sentence {i} of a long answer, spoken while the test does its part."
-        for i in range(math.ceil(PATH_BUFFER_BYTES / (96_000 * SENTENCE_MIN_S)) + 10)
+        for i in range(math.ceil(PATH_BUFFER_BYTES / (2 * SPEAKING_RATE * SENTENCE_MIN_S)) + 10)
     )
     + " "
 )
